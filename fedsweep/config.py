@@ -57,6 +57,9 @@ class DataConfig(_Strict):
         None, description="Folder holding torchvision datasets (the folder you would pass as `root=`).")
     download: bool = Field(False, description="Let torchvision download into `root` if files are missing.")
     num_clients: int = Field(50, ge=1, description="N, the number of clients.")
+    train_size: int | None = Field(
+        None, ge=1, description="Use a random subset of this many training samples (drawn from the seed, "
+        "before the server pool and the partition); unset uses all. FedSoftMax: 50 clients × 200 of MNIST.")
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="Held-out test share for datasets without an official test split "
         "(digits, synthetic); torchvision datasets use their own test split.")

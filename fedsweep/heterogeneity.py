@@ -66,9 +66,15 @@ class RoundPlan:
         return base / total if total > 0 else base
 
 
+def decayed_lr(lr: float, cfg: RunConfig, t: int) -> float:
+    """A learning rate at round t: max(lr · local.lr_decay^t, local.lr_min) (FedCLG §VI-A: decay 0.99
+    down to 0.001, for the clients' η_l and the server's γ alike)."""
+    return max(lr * cfg.local.lr_decay ** t, cfg.local.lr_min)
+
+
 def local_lr(cfg: RunConfig, t: int) -> float:
-    """η_l at round t: max(lr · decay^t, lr_min) (FedCLG §V uses decay 0.99, floor 0.001)."""
-    return max(cfg.local.lr * cfg.local.lr_decay ** t, cfg.local.lr_min)
+    """η_l at round t."""
+    return decayed_lr(cfg.local.lr, cfg, t)
 
 
 class Planner:

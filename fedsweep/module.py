@@ -28,7 +28,7 @@ from fedsweep.data import FederatedData, load_federated
 from fedsweep.engine import ClientData, make_engine, probe_batches
 from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
-from fedsweep.heterogeneity import Planner, client_tables, schedule_batches
+from fedsweep.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
 from fedsweep.models import build_model
 from fedsweep.rng import derive_seed, generator
 
@@ -67,6 +67,7 @@ class FederatedModule(L.LightningModule):
         self.engine = None
         self.rounds_done = 0
         self.history: list[dict[str, float]] = []   # one dict per round (+ eval metrics on eval rounds)
+        self.client_log: list[dict[str, list]] = []  # per round: client ids + the algorithm's per-client values
         self.diverged = False
         self._pending_algo_state: dict | None = None   # from a checkpoint loaded before build()
 
@@ -143,12 +144,17 @@ class FederatedModule(L.LightningModule):
                 self.w.copy_(trained)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        extra = algo.round_metrics(plan)
+        record = algo.client_record(plan)
+        if record:
+            self.client_log.append({"round": t + 1, "client": plan.clients.tolist(),
+                                    **{k: v.detach().cpu().tolist() for k, v in record.items()}})
         up, down = algo.communication(plan)
         returned = plan.participated.to(client_loss.device)
         train_loss = float(client_loss[returned].mean()) if bool(returned.any()) else float("nan")
-        extra = {}
         if plan.server is not None:   # the server's own loss on D_s^t after its training
             extra["server/loss"] = float(self.fmodel.loss(self.w.detach(), plan.server.full))
+            extra["server/lr"] = plan.server.lr
             if not algo.uses_clients:
                 train_loss = extra["server/loss"]
         return {
@@ -183,7 +189,7 @@ class FederatedModule(L.LightningModule):
             x = self.data.x_train[ix]
             return x, self.data.y_train[ix], torch.full((ix.numel(),), 1.0 / ix.numel(), dtype=x.dtype, device=dev)
 
-        gamma = max(sd.lr * self.cfg.local.lr_decay ** t, self.cfg.local.lr_min)
+        gamma = decayed_lr(sd.lr, self.cfg, t)
         probe = idx[torch.randperm(m, generator=generator(self.cfg.seed, t, "server_probe"))[:b]]
         return ServerRound(full=batch(idx), minibatch=batch(probe),
                            batches=[batch(stream[i * b:(i + 1) * b]) for i in range(sd.steps)], lr=gamma)
@@ -219,6 +225,7 @@ class FederatedModule(L.LightningModule):
         checkpoint["fedsweep"] = {
             "rounds_done": self.rounds_done,
             "history": self.history,
+            "client_log": self.client_log,
             "algorithm": self.algorithm.state_dict() if self.algorithm is not None else {},
             "config": self.cfg.model_dump(mode="json"),
         }
@@ -227,6 +234,7 @@ class FederatedModule(L.LightningModule):
         state = checkpoint["fedsweep"]
         self.rounds_done = int(state["rounds_done"])
         self.history = [dict(h) for h in state["history"]]
+        self.client_log = [dict(r) for r in state.get("client_log", [])]
         if self.algorithm is not None:
             self.algorithm.load_state_dict(state["algorithm"])
         else:

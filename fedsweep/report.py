@@ -2,7 +2,10 @@
 
 Reads the child runs written by ``fedsweep tune`` (docs/sweeps.md, "MLflow layout") and writes
 ``report.md``, ``accuracy_curves.png`` (test accuracy vs round, the FedLGA paper's Fig. 3 shape),
-``rounds_to_target.png`` (its Fig. 6/7 shape) and ``trials.csv`` (one row per trial).
+``rounds_to_target.png`` (its Fig. 6/7 shape), ``trials.csv`` (one row per trial) and, when a
+setting takes several values, ``settings_curves.png`` (one panel per method, one curve per setting
+value: the FedCLG paper's Fig. 6 m_s ablation shape). ``report.md`` also holds rounds to target per
+method and setting with the speed-up over a reference method (the FedCLG paper's Table I shape).
 
 How the numbers are made:
 
@@ -130,7 +133,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     Columns: ``method``, the settings, ``config`` (its tuned params as ``k=v, ...``), ``n`` (scored
     seeds), ``acc_mean/acc_std`` (best accuracy), ``final_mean/final_std``, ``rtt_mean/rtt_std``
     (rounds to target over the seeds that reached it), ``reached``, ``sec_to_target``,
-    ``comm_to_target``, ``sec_per_round``, ``diverged``, ``statuses``, ``run_ids`` (scored runs),
+    ``comm_to_target``, ``sec_per_round``, ``stability``, ``diverged``, ``statuses``, ``run_ids`` (scored runs),
     ``rank`` (1 = best config of its method under its settings).
     """
     params = trials.attrs.get("params", [])
@@ -145,6 +148,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     t["_sec"] = _col(t, "summary/seconds_to_target").where(t["_rtt"].notna())
     t["_comm"] = _col(t, "summary/comm_up_to_target").where(t["_rtt"].notna())
     t["_spr"] = _col(t, "summary/seconds_per_round")
+    t["_stab"] = _col(t, "summary/stability").where(ok)
 
     rows = []
     for cid, g in t.groupby("config_id", sort=False):
@@ -160,6 +164,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
             "rtt_mean": s["_rtt"].mean(), "rtt_std": s["_rtt"].std(), "reached": int(s["_rtt"].notna().sum()),
             "sec_to_target": s["_sec"].mean(), "comm_to_target": s["_comm"].mean(),
             "sec_per_round": s["_spr"].mean(),
+            "stability": s["_stab"].mean(),
             "diverged": int((g["status"] == "diverged").sum()),
             "statuses": ", ".join(f"{k} {v}" for k, v in g["status"].value_counts().sort_index().items()),
             "run_ids": list(s["run_id"]),
@@ -178,11 +183,57 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
 
 
 def best_configs(configs: pd.DataFrame) -> pd.DataFrame:
-    """The rank-1 config of each (settings, method), ordered by settings then method."""
+    """The rank-1 config of each (settings, method), ordered by settings then method.
+
+    A method that lacks a setting key (FedAvg has no ``algorithm.temperature``) is compared under
+    every value of that key: its row is repeated for each value the other methods take."""
     settings = configs.attrs.get("settings", [])
-    best = configs[configs["rank"] == 1].sort_values([*settings, "method"]).reset_index(drop=True)
+    best = configs[configs["rank"] == 1]
+    for key in settings:
+        values = best[key].dropna().unique()
+        missing = best[key].isna()
+        if missing.any() and len(values):
+            copies = [best[missing].assign(**{key: v}) for v in values]
+            best = pd.concat([best[~missing], *copies])
+    best = best.sort_values([*settings, "method"]).reset_index(drop=True)
     best.attrs.update(configs.attrs)
     return best
+
+
+def relative_targets(trials: pd.DataFrame, client, settings: Sequence[str], reference: str,
+                     fraction: float) -> dict[tuple, float]:
+    """Set each trial's rounds to target against ``fraction`` × the reference's final accuracy.
+
+    The FedSoftMax paper's R90 (Table 3) read as rounds to 90% of FedAvg's final accuracy: for each
+    value of the settings the reference has (it may lack some, e.g. a temperature), the threshold is
+    ``fraction`` × the mean final accuracy of the reference's config with the highest such mean; each
+    trial's rounds to target is the first evaluation at or above its threshold, from its accuracy
+    history. Rewrites ``rounds_to_target`` and ``summary/target_accuracy`` in place (seconds and
+    communication to target are dropped: they were counted to the absolute target). Returns
+    {values of the reference's settings: threshold}."""
+    ref = trials[(trials["method"] == reference) & trials["status"].isin(SCORED)]
+    if ref.empty:
+        raise ConfigError(f"report.relative_target: the reference method {reference!r} has no finished trials")
+    keys = [k for k in settings if ref[k].notna().all()]
+    final = _col(ref, "summary/final_test_accuracy").where(ref["status"] != "diverged").fillna(0.0)
+    per_config = ref.assign(_final=final).groupby([*keys, "config_id"], dropna=False)["_final"].mean()
+    best = per_config.groupby(level=list(range(len(keys)))).max() if keys else pd.Series([per_config.max()], [()])
+    thresholds = {(k if isinstance(k, tuple) else (k,)) if keys else (): fraction * v for k, v in best.items()}
+
+    rtt, target = [], []
+    for _, r in trials.iterrows():
+        group = tuple(r[k] for k in keys)
+        thr = thresholds.get(group)
+        hist = sorted((m.step, m.value) for m in client.get_metric_history(r["run_id"], "test/accuracy"))
+        hit = next((step for step, acc in hist if thr is not None and acc >= thr - 1e-12), None)
+        rtt.append(float(hit) if hit is not None and r["status"] != "diverged" else np.nan)
+        target.append(thr if thr is not None else np.nan)
+    trials["rounds_to_target"] = rtt
+    trials["summary/target_accuracy"] = target
+    trials.drop(columns=[c for c in ("summary/seconds_to_target", "summary/comm_up_to_target") if c in trials],
+                inplace=True)
+    trials.attrs["target_keys"] = keys
+    return thresholds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,13 +271,39 @@ def _setting_label(row, settings: Sequence[str]) -> str:
 def _best_table(best: pd.DataFrame) -> str:
     settings = best.attrs["settings"]
     header = [*settings, "method", "config", "seeds", "best acc", "final acc", "rounds to target",
-              "reached", "s to target", "models up to target", "s / round", "diverged"]
+              "reached", "s to target", "models up to target", "s / round", "stability", "diverged"]
     rows = [[*(_fmt_value(r[k]) for k in settings), r["method"], r["config"] or "—", str(r["n"]),
              _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["final_mean"], r["final_std"], 4),
              _pm(r["rtt_mean"], r["rtt_std"], 1), f"{r['reached']}/{r['n']}",
              _num(r["sec_to_target"], 2), _num(r["comm_to_target"], 0), _num(r["sec_per_round"], 3),
-             str(r["diverged"])] for _, r in best.iterrows()]
+             _num(r.get("stability"), 2), str(r["diverged"])] for _, r in best.iterrows()]
     return _markdown(header, rows)
+
+
+def _rounds_table(best: pd.DataFrame, reference: str | None) -> str:
+    """Settings × methods: mean rounds to target and the speed-up over ``reference`` (FedCLG Table I).
+
+    Speed-up = reference's mean rounds / the method's, under the same setting, where both reached the
+    target; "[k/n]" says only k of n seeds reached it (their mean is shown)."""
+    methods = sorted(best["method"].unique(), key=lambda m: (m != reference, m))
+    rows = []
+    for label, g in _groups(best):
+        ref = g[g["method"] == reference]
+        ref_rtt = ref.iloc[0]["rtt_mean"] if reference is not None and not ref.empty and ref.iloc[0]["reached"] else None
+        cells = []
+        for m in methods:
+            hit = g[g["method"] == m]
+            if hit.empty:
+                cells.append("")
+                continue
+            r = hit.iloc[0]
+            if r["reached"] == 0:
+                cells.append(f"not reached (0/{r['n']})")
+                continue
+            cell = f"{r['rtt_mean']:.1f}" + (f" ({ref_rtt / r['rtt_mean']:.2f}×)" if ref_rtt else "")
+            cells.append(cell + (f" [{r['reached']}/{r['n']}]" if r["reached"] < r["n"] else ""))
+        rows.append([label or "all", *cells])
+    return _markdown(["setting", *methods], rows)
 
 
 def _all_table(configs: pd.DataFrame) -> str:
@@ -258,9 +335,19 @@ def _colors(methods) -> dict:
     return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(methods))}
 
 
-def accuracy_curves_png(best: pd.DataFrame, client, path: Path, target: float | None = None,
-                        title: str = "") -> Path:
-    """Test accuracy vs round of each method's best config: mean over seeds, ± std band."""
+def _mean_curve(client, run_ids, metric: str = "test/accuracy"):
+    """(mean, std) over runs of ``metric`` by round, or None if no run logged it."""
+    curves = {rid: pd.Series({m.step: m.value for m in client.get_metric_history(rid, metric)}, dtype=float)
+              for rid in run_ids}
+    if not curves or all(c.empty for c in curves.values()):
+        return None
+    frame = pd.DataFrame(curves).sort_index()
+    return frame.mean(axis=1), frame.std(axis=1).fillna(0.0)
+
+
+def accuracy_curves_png(best: pd.DataFrame, client, path: Path, title: str = "") -> Path:
+    """Test accuracy vs round of each method's best config: mean over seeds, ± std band; the target
+    (``best["target"]``, if any) dashed."""
     from fedsweep.plots import plt, save_figure
 
     groups = _groups(best)
@@ -270,16 +357,14 @@ def accuracy_curves_png(best: pd.DataFrame, client, path: Path, target: float | 
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
     for ax, (label, rows) in zip(axes.flat, groups):
         for _, r in rows.iterrows():
-            curves = {rid: pd.Series({m.step: m.value for m in client.get_metric_history(rid, "test/accuracy")},
-                                     dtype=float) for rid in r["run_ids"]}
-            if not curves or all(c.empty for c in curves.values()):
+            if (curve := _mean_curve(client, r["run_ids"])) is None:
                 continue
-            frame = pd.DataFrame(curves).sort_index()
-            mean, std = frame.mean(axis=1), frame.std(axis=1).fillna(0.0)
+            mean, std = curve
             ax.plot(mean.index, mean.values, color=colors[r["method"]], label=f"{r['method']} (n={r['n']})")
             ax.fill_between(mean.index, mean - std, mean + std, color=colors[r["method"]], alpha=0.2, lw=0)
-        if target is not None:
-            ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
+        target = rows["target"].iloc[0] if "target" in rows else None
+        if target is not None and _present(target):
+            ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.3g}")
         ax.set(xlabel="round", title=label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
@@ -290,8 +375,63 @@ def accuracy_curves_png(best: pd.DataFrame, client, path: Path, target: float | 
     return save_figure(fig, path, title)
 
 
+def settings_curves_png(best: pd.DataFrame, client, path: Path, reference: str | None = None,
+                        title: str = "") -> Path:
+    """How each method responds to a setting: one panel per method (and value of the other settings),
+    one curve per value of the last setting key, its best config there (mean over seeds).
+
+    With ``settings: [server_data.fraction]`` this is the FedCLG paper's Fig. 6 (m_s ablation); with
+    ``[data.partition.shard_size, algorithm.temperature]`` the FedSoftMax paper's Fig. 5 (one curve per
+    T). A reference method that lacks the last key (one curve for all its values: FedAvg and T) is drawn
+    dashed in black in every other method's panel, as the yardstick."""
+    from fedsweep.plots import plt, save_figure
+
+    settings = best.attrs["settings"]
+    last, outer = settings[-1], settings[:-1]
+    values = sorted(best[last].dropna().unique())
+    shades = dict(zip(values, plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(values)))))
+    panels = [(m, key, g) for m in sorted(best["method"].unique())
+              for key, g in (best[best["method"] == m].groupby(outer, sort=True, dropna=False) if outer
+                             else [((), best[best["method"] == m])])]
+    # the reference needs no panel of its own where it has a single curve: it is dashed in the others
+    if len(panels) > 1:
+        panels = [p for p in panels if p[0] != reference or p[2]["run_ids"].map(tuple).nunique() > 1] or panels
+    ncols = min(len(panels), 3)
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+    for ax, (method, key, rows) in zip(axes.flat, panels):
+        key = key if isinstance(key, tuple) else (key,)
+        drawn = set()
+        for _, r in rows.sort_values(last).iterrows():
+            if tuple(r["run_ids"]) in drawn or (curve := _mean_curve(client, r["run_ids"])) is None:
+                continue
+            drawn.add(tuple(r["run_ids"]))
+            mean, std = curve
+            ax.plot(mean.index, mean.values, color=shades.get(r[last], "grey"), label=f"{last}={_fmt_value(r[last])}")
+            ax.fill_between(mean.index, mean - std, mean + std, color=shades.get(r[last], "grey"), alpha=0.15, lw=0)
+        if reference is not None and method != reference:
+            ref = best[best["method"] == reference]
+            for k, v in zip(outer, key):
+                ref = ref[ref[k] == v]
+            # only a reference that is one run set across the curves (it lacks the key) is a yardstick
+            one = not ref.empty and ref["run_ids"].map(tuple).nunique() == 1
+            if one and (curve := _mean_curve(client, ref.iloc[0]["run_ids"])) is not None:
+                ax.plot(curve[0].index, curve[0].values, color="black", ls="--", lw=1.2, label=reference)
+        target = rows["target"].iloc[0] if "target" in rows and len(rows) else None
+        if target is not None and _present(target):
+            ax.axhline(target, color="grey", ls=":", lw=1)
+        ax.set(xlabel="round", title=", ".join([method, *(f"{k}={_fmt_value(v)}" for k, v in zip(outer, key))]))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    return save_figure(fig, path, title)
+
+
 def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | None = None,
-                         target: float | None = None, title: str = "") -> Path:
+                         target: float | None = None, title: str = "", relative: bool = False) -> Path:
     """Bars per method grouped by setting: mean rounds to target (± std), or best accuracy without a target.
 
     A method none of whose seeds reached the target gets a hatched bar at ``max_rounds``
@@ -312,7 +452,7 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
                 continue
             r = hit.iloc[0]
             x = gi + (mi - (len(methods) - 1) / 2) * width
-            if target is None:
+            if target is None and not relative:
                 y, err, note = r["acc_mean"], r["acc_std"], None
             elif r["reached"] == 0:
                 y, err, note = max_rounds, None, "not reached"
@@ -331,7 +471,10 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
                     ax.text(x, y + (yerr or 0), note, ha="center", va="bottom", fontsize=8)
             top = max(top, y + (yerr or 0))
     ax.set_xticks(range(len(groups)), [label or "all" for label, _ in groups])
-    if target is None:
+    if relative:
+        ax.set(ylabel="rounds to the relative target", ylim=(0, top * 1.12 or 1),
+               title=title or "rounds to target per method (mean ± std)")
+    elif target is None:
         ax.set(ylabel="best test accuracy (mean ± std)", ylim=(0, min(1.05, top * 1.12) or 1),
                title=title or "best test accuracy per method (no target set)")
     else:
@@ -346,35 +489,128 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
     return save_figure(fig, path)
 
 
+def _client_log(client, run_id: str) -> pd.DataFrame | None:
+    """A run's ``clients.csv`` artifact (per round and sampled client), or None if it has none."""
+    import os
+    import tempfile
+    if not any(f.path == "clients.csv" for f in client.list_artifacts(run_id)):
+        return None     # an algorithm without per-client records
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    with tempfile.TemporaryDirectory() as tmp:
+        return pd.read_csv(client.download_artifacts(run_id, "clients.csv", tmp))
+
+
+def weights_png(logs: list[tuple[str, pd.DataFrame]], path: Path, title: str = "", top: int | None = None) -> Path:
+    """Per row (one run): |α_i − p_i| of every client over the rounds (the FedSoftMax paper's Fig. 6)
+    and which clients carry the weight, round by round (its Fig. 7: the ``top`` largest α_i of each
+    round in yellow, default a fifth of the clients and at most ten; the other sampled clients in blue,
+    clients not sampled blank)."""
+    from matplotlib.colors import ListedColormap
+
+    from fedsweep.plots import plt, save_figure
+
+    fig, axes = plt.subplots(len(logs), 2, figsize=(10.5, 3.3 * len(logs)), squeeze=False)
+    for (label, log), (ax_dev, ax_top) in zip(logs, axes):
+        dev = log.pivot_table(index="round", columns="client", values="abs_dev")
+        ax_dev.plot(dev.index, dev.values, color="tab:blue", lw=0.6, alpha=0.35)
+        ax_dev.plot(dev.index, dev.mean(axis=1), color="black", lw=1.5, label="mean over clients")
+        ax_dev.set(xlabel="round", ylabel="|α_i − p_i|", title=label)
+        ax_dev.grid(alpha=0.3)
+        ax_dev.legend(fontsize=7)
+        # the paper marks the top 10 of 50 clients: a fifth, at most ten
+        top = top or min(10, max(1, log["client"].nunique() // 5))
+        rank = log.assign(_r=log.groupby("round")["alpha"].rank(ascending=False, method="first"))
+        mark = rank.assign(_top=(rank["_r"] <= top).astype(float)).pivot_table(index="round", columns="client",
+                                                                              values="_top")
+        ax_top.imshow(mark.values, aspect="auto", interpolation="nearest", origin="lower",
+                      cmap=ListedColormap(["#2c5aa0", "#f5d000"]), vmin=0, vmax=1,
+                      extent=(-0.5, mark.shape[1] - 0.5, mark.index.min() - 0.5, mark.index.max() + 0.5))
+        ticks = np.linspace(0, mark.shape[1] - 1, min(mark.shape[1], 10)).round().astype(int)
+        ax_top.set_xticks(ticks, [str(mark.columns[i]) for i in ticks], fontsize=7)
+        ax_top.set(xlabel="client", ylabel="round", title=f"top {top} α_i per round (yellow)")
+    return save_figure(fig, path, title)
+
+
+def weights_figures(best: pd.DataFrame, client, out: Path, max_rows: int = 4) -> list[tuple[str, str]]:
+    """``weights_<method>.png`` for each method whose runs kept per-client weights: one row per setting
+    (its best config there, first seed; at most ``max_rows``, evenly spread). Returns (method, file name)."""
+    made = []
+    for method in sorted(best["method"].unique()):
+        rows = best[best["method"] == method]
+        rows = rows[~rows["run_ids"].map(tuple).duplicated()]
+        if rows.empty or not rows.iloc[0]["run_ids"] or (_client_log(client, rows.iloc[0]["run_ids"][0]) is None):
+            continue
+        if len(rows) > max_rows:
+            rows = rows.iloc[np.linspace(0, len(rows) - 1, max_rows).round().astype(int)]
+        settings = best.attrs["settings"]
+        logs = []
+        for _, r in rows.iterrows():
+            log = _client_log(client, r["run_ids"][0])
+            if log is not None and {"alpha", "abs_dev"} <= set(log.columns):
+                logs.append((", ".join([method, *(f"{k}={_fmt_value(r[k])}" for k in settings)]), log))
+        if logs:
+            name = f"weights_{method}.png"
+            weights_png(logs, out / name, title=f"{method}: aggregation weights")
+            made.append((method, name))
+    return made
+
+
 # ---------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------
 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
-                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS) -> Path:
-    """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png`` and ``trials.csv``
-    into ``out_dir``; returns the path of ``report.md``."""
+                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
+                 relative_target: float | None = None) -> Path:
+    """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``, when a
+    setting takes several values ``settings_curves.png``, and for runs with per-client weights
+    ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
+
+    ``reference``: the method speed-ups are relative to. ``relative_target``: count rounds to this
+    fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target."""
     from mlflow import MlflowClient
 
     trials = load_trials(tracking_uri, experiment, sweep)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     uri = trials.attrs["tracking_uri"]
+    client = MlflowClient(tracking_uri=uri)
+    thresholds = None
+    if relative_target is not None:
+        if reference is None:
+            raise ConfigError("report.relative_target needs a reference method (report.reference)")
+        settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
+        thresholds = relative_targets(trials, client, settings_in, reference, relative_target)
     configs = config_table(trials, setting_keys)
     best = best_configs(configs)
     settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
-    target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
+    if thresholds is not None:
+        keys = trials.attrs["target_keys"]
+        best["target"] = [thresholds.get(tuple(r[k] for k in keys), np.nan) for _, r in best.iterrows()]
+        target = None
+    else:
+        target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
+        best["target"] = target if target is not None else np.nan
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
 
-    client = MlflowClient(tracking_uri=uri)
-    accuracy_curves_png(best, client, out / "accuracy_curves.png", target, title=f"{sweep}: best config per method")
-    rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target)
+    accuracy_curves_png(best, client, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
+    rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target if rule == "target" else None,
+                         relative=thresholds is not None)
+    several = len(_groups(best)) > 1
+    if several:
+        settings_curves_png(best, client, out / "settings_curves.png", reference,
+                            title=f"{sweep}: each method across {', '.join(settings)}")
+    weight_figures = weights_figures(best, client, out)
     trials.to_csv(out / "trials.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
     dupes = trials.attrs["runs_read"] - len(trials)
     if rule == "target":
-        rule_text = (f"fewest mean rounds to the target accuracy {target:g} (configs where every seed reached it "
+        what = (f"{relative_target:g} × the final accuracy of {reference}'s best config under the same "
+                f"{', '.join(trials.attrs['target_keys']) or 'sweep'} (" + ", ".join(
+                    f"{'/'.join(map(_fmt_value, k)) or 'all'}: {v:.4f}" for k, v in thresholds.items()) + ")"
+                if thresholds is not None else f"{target:g}")
+        rule_text = (f"fewest mean rounds to the target accuracy {what} (configs where every seed reached it "
                      "first, then by the fraction of seeds that did; ties broken by best accuracy)")
     else:
         rule_text = "best mean over seeds of the best test accuracy (no target accuracy was set)"
@@ -391,7 +627,8 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         f"- tuned params: {', '.join(f'`{k}`' for k in tuned) or 'none'}",
         "- scored: finished, diverged and stopped trials; a diverged trial counts as accuracy 0 and never "
         "reaching the target; mean ± std over seeds (sample std); rounds/seconds/models to target are means "
-        "over the seeds that reached it.",
+        "over the seeds that reached it; stability: mean lag-one autocorrelation of the normalized accuracy "
+        "changes between evaluations (FedSoftMax Table 4; near 1 smooth, below 0 zig-zag).",
         "",
         "## Best config per method",
         "",
@@ -401,6 +638,29 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         "",
         "![rounds to target](rounds_to_target.png)",
         "",
+    ]
+    if rule == "target":
+        reference = reference if reference in set(best["method"]) else None
+        ref_text = f"; (x×) = speed-up over {reference}, its mean rounds / the method's" if reference else ""
+        lines += [
+            "## Rounds to target per setting",
+            "",
+            f"Mean rounds to the target of each method's best config under each setting{ref_text}; "
+            "[k/n]: only k of n seeds reached it.",
+            "",
+            _rounds_table(best, reference),
+            "",
+        ]
+    if several:
+        lines += ["![each method across settings](settings_curves.png)", ""]
+    if weight_figures:
+        lines += ["## Aggregation weights", "",
+                  "For each method that records per-client weights (loss-aware aggregation), its best config "
+                  "under each setting, first seed: |α_i − p_i| per client over the rounds (the FedSoftMax paper's "
+                  "Fig. 6) and, per client and round, whether α_i is among the round's largest (a fifth of the clients, "
+                  "at most ten; its Fig. 7).", ""]
+        lines += [f"![aggregation weights of {m}]({name})" for m, name in weight_figures] + [""]
+    lines += [
         "## All configs",
         "",
         _all_table(configs),

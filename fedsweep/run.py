@@ -10,6 +10,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -25,6 +26,23 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+def stability(accuracies) -> float | None:
+    """Lag-one autocorrelation of the normalized changes of test accuracy between evaluations.
+
+    The FedSoftMax paper's stability measure (§3.2, Table 4: "a lag one autocorrelation measure based
+    on the normalized standard deviation of the variations over one round"): with d_t the change
+    between consecutive evaluations and z_t = (d_t − mean d) / std d, it is Σ z_t z_{t+1} / Σ z_t².
+    In [−1, 1]: near 1 the curve moves smoothly (changes persist), negative it zig-zags. The paper's
+    values exceed 1, so its exact normalisation is not this one; compare runs within fedsweep only.
+    None with fewer than 4 evaluations or a flat curve. Evaluate every round (``eval.every: 1``) to
+    measure round-to-round changes as the paper does."""
+    d = np.diff(np.asarray(list(accuracies), dtype=np.float64))
+    if len(d) < 3 or not np.isfinite(d).all() or d.std() == 0:
+        return None
+    z = (d - d.mean()) / d.std()
+    return float((z[:-1] * z[1:]).sum() / (z * z).sum())
 
 
 def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> dict:
@@ -49,6 +67,7 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
         "comm_up_models": total("comm/up_models", history),
         "comm_down_models": total("comm/down_models", history),
         "grad_evals": total("compute/grad_evals", history),
+        "stability": stability(h["test/accuracy"] for h in evals),
         "target_accuracy": target,
     }
 
@@ -66,6 +85,7 @@ def format_summary(summary: dict) -> str:
             (f"rounds to target ({fmt(summary['target_accuracy'])})", summary["rounds_to_target"]),
             ("rounds", summary["rounds"]),
             ("seconds per round", summary["seconds_per_round"]),
+            ("stability (lag-1 autocorrelation)", summary["stability"]),
             ("models up / down", f"{fmt(summary['comm_up_models'])} / {fmt(summary['comm_down_models'])}")]
     width = max(len(r[0]) for r in rows)
     line = "─" * (width + 16)
@@ -163,6 +183,14 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> P
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(module.history)
+    log = getattr(module, "client_log", None)
+    if log:   # one row per (round, sampled client): the algorithm's per-client record
+        cols = [k for k in log[0] if k != "round"]
+        with open(directory / "clients.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["round", *cols])
+            for r in log:
+                writer.writerows([r["round"], *row] for row in zip(*(r[c] for c in cols)))
     (directory / "summary.json").write_text(json.dumps(summary, indent=2))
     curves_png(module.history, directory / "curves.png", title=f"{cfg.algorithm.name} on {cfg.data.name}")
     if cfg.mlflow.log_model:

@@ -41,6 +41,19 @@ class SweepMlflowConfig(_Strict):
     experiment: str | None = Field(None, description="Experiment name (default: the sweep's name).")
 
 
+class ReportConfig(_Strict):
+    settings: list[str] = Field(
+        ["heterogeneity.rho"], description="Config keys under which methods are compared rather than tuned: "
+        "`fedsweep report` picks each method's best config per value of these keys, tabulates rounds to "
+        "target per value and draws one curve per value (e.g. `server_data.fraction` for an m_s ablation).")
+    reference: str | None = Field(
+        None, description="Method the rounds-to-target speed-ups are relative to (FedCLG Table I: "
+        "`clg_sgd`); default `fedavg` when the sweep has it, else no speed-ups.")
+    relative_target: float | None = Field(
+        None, gt=0, le=1, description="Count rounds to this fraction of the reference method's final accuracy "
+        "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
+
+
 class SweepConfig(_Strict):
     name: str | None = Field(None, description="Sweep name (default: the file name without .yaml).")
     base: dict[str, Any] = Field(default_factory=dict, description="A full run config.")
@@ -54,9 +67,10 @@ class SweepConfig(_Strict):
     checkpoint_every: int = Field(1, ge=1, description="Evaluations between trial checkpoints.")
     scheduler: SchedulerConfig | None = None
     mlflow: SweepMlflowConfig = Field(default_factory=SweepMlflowConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
 
 
-register_models(SweepConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig)
+register_models(SweepConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
 
 
 @dataclass
@@ -125,6 +139,28 @@ def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
                         raise ConfigError(f"{source}: {e}") from None
                     trials.append(Trial(len(trials), method, seed, overrides, cfg))
     return trials
+
+
+def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
+    """``report.settings`` must be config keys and ``report.reference`` one of the sweep's methods."""
+    keys = set().union(*(t.config.flat() for t in trials))
+    for key in sweep.report.settings:
+        if key not in keys:
+            varied = sorted({k for t in trials for k in t.overrides if k not in ("seed", "algorithm.name")})
+            raise ConfigError(f"{source}: report.settings: {key!r} is not a config key; the keys this sweep "
+                              f"varies are: {', '.join(varied) or 'none'}")
+    methods = sorted({t.method for t in trials})
+    ref = sweep.report.reference
+    if ref is not None and ref not in methods:
+        raise ConfigError(f"{source}: report.reference: {ref!r} is not a method of this sweep; "
+                          f"allowed: {', '.join(methods)}")
+    if sweep.report.relative_target is not None and reference_method(sweep, methods) is None:
+        raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
+
+
+def reference_method(sweep: SweepConfig, methods) -> str | None:
+    """``report.reference``, else ``fedavg`` if among ``methods``, else None."""
+    return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)
 
 
 def trial_table(trials: list[Trial]) -> str:

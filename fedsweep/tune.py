@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsweep.config import ConfigError, RunConfig
-from fedsweep.sweep import SweepConfig, Trial, expand, load_sweep, trial_table
+from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, trial_table
 
 STATE_FILE = "fedsweep_sweep.json"
 
@@ -192,7 +192,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 return
             self.closed.add(trial.trial_id)
             cfg = RunConfig(**trial.config["trial"]["run"])
-            history = _history_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
+            history, client_log = _history_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
             now = int(time.time() * 1000)
             if history:
                 summary = summarize(cfg, history, diverged=status == "diverged")
@@ -206,7 +206,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self.client.log_batch(run_id, metrics=metrics)
                 with tempfile.TemporaryDirectory() as tmp:
                     write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})}),
-                                    _HistoryOnly(history), summary, Path(tmp))
+                                    _HistoryOnly(history, client_log), summary, Path(tmp))
                     self.client.log_artifacts(run_id, tmp)
             self.client.log_batch(run_id, tags=[RunTag("fedsweep.status", status)])
             self.client.set_terminated(run_id, status=mlflow_status)
@@ -215,17 +215,19 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
 
 class _HistoryOnly:
-    """What write_artifacts needs of a module when only the metric history is at hand."""
+    """What write_artifacts needs of a module when only the checkpointed records are at hand."""
 
-    def __init__(self, history):
-        self.history = history
+    def __init__(self, history, client_log=()):
+        self.history, self.client_log = history, list(client_log)
 
 
-def _history_from_checkpoint(path: Path) -> list[dict]:
+def _history_from_checkpoint(path: Path) -> tuple[list[dict], list[dict]]:
+    """(metric history, per-client log) of a trial's checkpoint; empty if there is none."""
     import torch
     if not path.is_file():
-        return []
-    return list(torch.load(path, weights_only=True, map_location="cpu")["fedsweep"]["history"])
+        return [], []
+    state = torch.load(path, weights_only=True, map_location="cpu")["fedsweep"]
+    return list(state["history"]), list(state.get("client_log", []))
 
 
 def make_progress_callback(total: int, stream=None):
@@ -339,6 +341,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     out = out or sys.stdout
     sweep = load_sweep(path)
     trials = expand(sweep, source=str(path))
+    check_report(sweep, trials, source=str(path))   # a typo here would only surface after the sweep
     if dry_run:
         print(f"{sweep.name}: {len(trials)} trials", file=out)
         print(trial_table(trials), file=out)

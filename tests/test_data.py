@@ -236,3 +236,23 @@ def test_no_root_is_a_config_error():
 def test_too_few_samples_for_clients_names_num_clients():
     with pytest.raises(ConfigError, match=r"^data\.num_clients: N=2000 clients but only 1437"):
         load_federated(DataConfig(name="digits", num_clients=2000), seed=0)
+
+
+def test_train_size_takes_a_seeded_subset_before_the_server_pool_and_partition():
+    from fedsweep.config import ConfigError, DataConfig, ServerDataConfig
+    from fedsweep.data import load_federated
+    cfg = DataConfig(name="digits", num_clients=10, train_size=300, partition={"kind": "shards", "shard_size": 15})
+    a, b = load_federated(cfg, seed=1), load_federated(cfg, seed=1)
+    used = torch.cat(a.client_indices)
+    assert len(used) == 300 and len(set(used.tolist())) == 300
+    assert all(torch.equal(x, y) for x, y in zip(a.client_indices, b.client_indices))      # pure in the seed
+    other = torch.cat(load_federated(cfg, seed=2).client_indices)
+    assert set(used.tolist()) != set(other.tolist())
+    assert all(len(p) == 30 for p in a.client_indices)                                      # 20 shards of 15
+    hybrid = load_federated(cfg, seed=1, server=ServerDataConfig(fraction=0.1, resample=False))
+    clients = set(torch.cat(hybrid.client_indices).tolist())
+    assert hybrid.server_size == 30 and len(hybrid.server_pool) == 30
+    assert not clients & set(hybrid.server_pool.tolist())
+    assert clients | set(hybrid.server_pool.tolist()) == set(used.tolist())                # the same subset
+    with pytest.raises(ConfigError, match="data.train_size: 99999 exceeds"):
+        load_federated(cfg.model_copy(update={"train_size": 99999}), seed=1)

@@ -129,3 +129,12 @@ def test_resume_with_server_data_is_exact(tmp_path):
     train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=2)
     resumed = train(build_config(raw), progress=False, resume=tmp_path / "last.ckpt")
     assert torch.equal(resumed.w, full.w)
+
+
+def test_lr_decay_applies_to_local_and_server_rates():
+    """FedCLG §VI-A: η_l and γ both decay by local.lr_decay per round, floored at local.lr_min."""
+    cfg = build_config(tiny_raw(rounds=4, algorithm={"name": "clg_sgd"}, server_data={**SERVER_DATA, "lr": 0.4},
+                                local={"steps": 2, "batch_size": 5, "lr": 0.1, "lr_decay": 0.5, "lr_min": 0.03}))
+    h = train(cfg, progress=False).history
+    assert [r["round/lr"] for r in h] == pytest.approx([0.1, 0.05, 0.03, 0.03])
+    assert [r["server/lr"] for r in h] == pytest.approx([0.4, 0.2, 0.1, 0.05])

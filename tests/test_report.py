@@ -195,3 +195,96 @@ def test_missing_experiment_or_sweep_is_one_line_config_error(store_target):
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"holds no trial runs of sweep 'other-sweep'.*fedsweep tune"):
         write_report(store_target, EXPERIMENT, "other-sweep", "unused")
+
+
+def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
+    """FedCLG Table I shape: mean rounds of each method's best config per setting, speed-up over a reference."""
+    text = write_report(store_target, EXPERIMENT, SWEEP, tmp_path, reference="fedavg").read_text()
+    section = text.split("## Rounds to target per setting")[1].split("##")[0]
+    assert "speed-up over fedavg" in section
+    assert "| setting | fedavg | fedlga |" in section                        # reference column first
+    assert "| heterogeneity.rho=0.1 | 21.0 (1.00×) | 26.0 (0.81×) |" in section   # 21/26
+    assert "| heterogeneity.rho=0.5 | 42.0 (1.00×) | 50.0 (0.84×) [1/2] |" in section   # 42/50; one seed of two
+    plain = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "noref").read_text()
+    assert "| heterogeneity.rho=0.5 | 42.0 | 50.0 [1/2] |" in plain and "×" not in plain
+
+
+def test_settings_curves_only_when_a_setting_varies(store_target, tmp_path):
+    """FedCLG Fig. 6 shape (one panel per method, one curve per setting value), drawn only if it has two curves."""
+    text = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "a").read_text()
+    assert "](settings_curves.png)" in text
+    assert (tmp_path / "a" / "settings_curves.png").stat().st_size > 10_000
+    text = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "b", setting_keys=()).read_text()
+    assert not (tmp_path / "b" / "settings_curves.png").exists() and "settings_curves" not in text
+    assert "| all | 21.0 | 26.0 |" in text.split("## Rounds to target per setting")[1]    # rho tuned now
+
+
+def test_never_reached_cell(store_target, tmp_path):
+    from fedsweep.report import _rounds_table
+    best = best_configs(config_table(load_trials(store_target, EXPERIMENT, SWEEP)))
+    best.loc[best["method"] == "fedavg", "reached"] = 0
+    table = _rounds_table(best, "fedavg")
+    assert "| heterogeneity.rho=0.1 | not reached (0/2) | 26.0 |" in table   # no speed-up over a reference
+    assert "| heterogeneity.rho=0.5 | not reached (0/2) | 50.0 [1/2] |" in table   # that never got there
+
+
+# ----- relative targets, methods without a setting key, per-client weights ----------------------
+
+# (method, temperature or None) -> per seed: accuracy at rounds 2, 4, 6, 8
+SOFT = {("fedavg", None): [(0.5, 0.7, 0.78, 0.80), (0.6, 0.77, 0.85, 0.90)],      # final mean 0.85 -> 0.765
+        ("fedsoftmax", 0.1): [(0.77, 0.8, 0.8, 0.82), (0.7, 0.79, 0.8, 0.8)],     # reach at 2 and 4
+        ("fedsoftmax", 1.0): [(0.5, 0.6, 0.7, 0.76), (0.6, 0.8, 0.8, 0.8)]}       # never; 4
+
+
+@pytest.fixture(scope="module")
+def store_soft(tmp_path_factory):
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    root = tmp_path_factory.mktemp("soft")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("soft", artifact_location=(root / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="soft", tags={"fedsweep.role": "sweep", "fedsweep.sweep": "soft"}).info.run_id
+    now = int(time.time() * 1000)
+    for (method, temp), seeds in SOFT.items():
+        cid = f"{method}-{temp}"
+        for seed, accs in enumerate(seeds):
+            rid = client.create_run(exp, run_name=f"{cid}-s{seed}", tags={
+                "mlflow.parentRunId": parent, "fedsweep.role": "trial", "fedsweep.sweep": "soft",
+                "fedsweep.method": method, "fedsweep.config_id": cid, "fedsweep.status": "finished"}).info.run_id
+            params = {"seed": seed, "algorithm.name": method, **({"algorithm.temperature": temp} if temp else {})}
+            metrics = [Metric("test/accuracy", a, now, 2 * (i + 1)) for i, a in enumerate(accs)]
+            metrics += [Metric(k, v, now, 0) for k, v in {"best/test_accuracy": max(accs), "summary/rounds": 8,
+                                                          "summary/final_test_accuracy": accs[-1]}.items()]
+            client.log_batch(rid, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
+            if method == "fedsoftmax":
+                path = root / f"{rid}.csv"
+                rows = ["round,client,p,alpha,abs_dev,loss_global,gap"]
+                for t in range(1, 9):
+                    alpha = np.array([0.4, 0.3, 0.2, 0.1]) / t + 0.25 * (1 - 1 / t)
+                    rows += [f"{t},{i},0.25,{a},{abs(a - 0.25)},1.0,1.0" for i, a in enumerate(alpha)]
+                path.write_text("\n".join(rows) + "\n")
+                client.log_artifact(rid, str(path.rename(root / "clients.csv")))
+            client.set_terminated(rid)
+    return uri
+
+
+def test_relative_target_broadcast_reference_and_weight_figures(store_soft, tmp_path):
+    text = write_report(store_soft, "soft", "soft", tmp_path, setting_keys=["algorithm.temperature"],
+                        reference="fedavg", relative_target=0.9).read_text()
+    assert "0.9 × the final accuracy of fedavg's best config" in text and "all: 0.7650" in text
+    section = text.split("## Rounds to target per setting")[1].split("##")[0]
+    assert "| algorithm.temperature=0.1 | 5.0 (1.00×) | 3.0 (1.67×) |" in section     # fedavg in both rows
+    assert "| algorithm.temperature=1 | 5.0 (1.00×) | 4.0 (1.25×) [1/2] |" in section
+    for name in ("settings_curves.png", "weights_fedsoftmax.png", "accuracy_curves.png", "rounds_to_target.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+    assert "](weights_fedsoftmax.png)" in text and "weights_fedavg" not in text
+    trials = load_trials(store_soft, "soft", "soft")
+    assert "rounds_to_target" not in trials                        # nothing logged: the report computes it
+
+
+def test_relative_target_needs_a_reference_that_ran(store_soft, tmp_path):
+    with pytest.raises(ConfigError, match="reference method 'fedprox' has no finished trials"):
+        write_report(store_soft, "soft", "soft", tmp_path, setting_keys=["algorithm.temperature"],
+                     reference="fedprox", relative_target=0.9)

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -102,7 +103,11 @@ def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
              ({"methods": {"fedfoo": {}}}, "algorithm.name: unknown algorithm 'fedfoo'"),
              ({"methods": {"fedavg": {"algorithm.damping": [1.0]}}}, "algorithm.damping: unknown key"),
              ({"seedz": [1]}, "seedz: unknown key"),
-             ({"grid": {"heterogeneity.rho": [1.5]}}, "heterogeneity.rho")]
+             ({"grid": {"heterogeneity.rho": [1.5]}}, "heterogeneity.rho"),
+             ({"report": {"settings": ["server_data.fractoin"]}},
+              "report.settings: 'server_data.fractoin' is not a config key"),
+             ({"report": {"reference": "clg_sgd"}}, "report.reference: 'clg_sgd' is not a method of this sweep; "
+              "allowed: fedavg, fedlga")]
     for over, needle in cases:
         bad = write_sweep(tmp_path / "bad.yaml", "bad", **over)
         assert main(["tune", bad, "--dry-run"]) == 2
@@ -240,3 +245,13 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     for r in runs:
         if r.data.tags["fedsweep.status"] == "failed":
             assert r.info.status == "FAILED"
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
+def test_shipped_sweeps_validate(path):
+    """Every sweep in sweeps/ expands into valid trials and has valid report keys (what tune checks first)."""
+    from fedsweep.sweep import check_report
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    check_report(sweep, trials, source=path)
+    assert trials and len({t.config_id for t in trials}) * len(sweep.seeds or [0]) == len(trials)

@@ -23,6 +23,7 @@ MODULES = (
     "mimelite",
     "fedsam",
     "hybrid",
+    "lossaware",
 )
 
 

@@ -19,6 +19,9 @@ server side — plain code over the K stacked uploads:
     server_train(w, plan, ops) -> optional server-side training after the step (hybrid FL), on
                                   ``plan.server`` (a :class:`ServerRound`: the round's D_s^t, its
                                   E_s minibatches and γ_t) with server-side ``ops`` (``ctx.ops``)
+    round_metrics(plan)        -> extra per-round scalars for the metric history (FedSoftMax's weights/*)
+    client_record(plan)        -> per-client values of this round, (K,) each, kept in clients.csv
+                                  (FedSoftMax's α_i and p_i); {} keeps nothing
     state_dict/load_state_dict -> everything above that persists, so checkpoints resume exactly
     communication(plan)        -> model-size units uploaded and downloaded this round
     compute(plan)              -> gradient evaluations spent on clients this round
@@ -127,6 +130,15 @@ class Algorithm:
     def server_train(self, w: Tensor, plan: RoundPlan, ops: ModelOps) -> Tensor | None:
         """Server-side training after the server step (hybrid FL); None = nothing to do."""
         return None
+
+    def round_metrics(self, plan: RoundPlan) -> dict[str, float]:
+        """Extra scalars of this round (called after ``aggregate``), logged with the round's metrics."""
+        return {}
+
+    def client_record(self, plan: RoundPlan) -> dict[str, Tensor]:
+        """Per-client values (K,) of this round (called after ``aggregate``), one row per sampled
+        client in ``clients.csv``; {} records nothing."""
+        return {}
 
     def state_dict(self) -> dict[str, Tensor]:
         return {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsweep.config import DataConfig, ServerDataConfig
+from fedsweep.config import ConfigError, DataConfig, ServerDataConfig
 from fedsweep.data.partition import describe_partition, partition
 from fedsweep.data.server import server_size, split_pool
 from fedsweep.data.sources import DATASETS, load_source
@@ -91,18 +91,26 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
     """
     src = load_source(cfg, seed)
     labels = src.y_train.numpy()
-    m_s = server_size(server, len(labels)) if server is not None else 0
+    keep = np.arange(len(labels))          # the training samples in use (data.train_size)
+    if cfg.train_size is not None:
+        if src.client_indices is not None:
+            raise ConfigError(f"data.train_size: {cfg.name!r} comes split over clients already; unset train_size")
+        if cfg.train_size > len(labels):
+            raise ConfigError(f"data.train_size: {cfg.train_size} exceeds the {len(labels)} training samples of "
+                              f"{cfg.name!r}; allowed 1..{len(labels)}")
+        keep = np.sort(np_rng(seed, -1, "train_subset").permutation(len(labels))[:cfg.train_size])
+    m_s = server_size(server, len(keep)) if server is not None else 0
     pool = None
     if src.client_indices is not None:
         parts, scheme = src.client_indices, "natural split"
         if m_s > 0:
             parts, pool = _split_natural(labels, parts, server, src.num_classes, seed)
     else:
+        allowed = keep
         if m_s > 0:
-            allowed, pool = split_pool(labels, server, src.num_classes, seed)
-            parts = [allowed[p] for p in partition(labels[allowed], cfg.num_clients, cfg.partition, seed)]
-        else:
-            parts = partition(labels, cfg.num_clients, cfg.partition, seed)
+            allowed, pool = split_pool(labels[keep], server, src.num_classes, seed)
+            allowed, pool = keep[allowed], keep[pool]
+        parts = [allowed[p] for p in partition(labels[allowed], cfg.num_clients, cfg.partition, seed)]
         scheme = describe_partition(cfg.partition)
     return FederatedData(
         name=cfg.name,
