@@ -150,6 +150,9 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     t["_spr"] = _col(t, "summary/seconds_per_round")
     t["_stab"] = _col(t, "summary/stability").where(ok)
 
+    # a method's config shows the keys it is tuned over: those that vary among its own trials
+    # (FedAvg's unused server_data.lr, constant for it, is left out)
+    own = {m: [k for k in tuned if g[k].dropna().astype(str).nunique() > 1] for m, g in t.groupby("method")}
     rows = []
     for cid, g in t.groupby("config_id", sort=False):
         s = g[scored.loc[g.index]]
@@ -157,7 +160,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
         rows.append({
             "config_id": cid, "method": first["method"],
             **{k: first[k] for k in settings},
-            "config": ", ".join(f"{k}={_fmt_value(first[k])}" for k in tuned if _present(first[k])),
+            "config": ", ".join(f"{k}={_fmt_value(first[k])}" for k in own[first["method"]] if _present(first[k])),
             "n": len(s),
             "acc_mean": s["_acc"].mean(), "acc_std": s["_acc"].std(),
             "final_mean": s["_final"].mean(), "final_std": s["_final"].std(),

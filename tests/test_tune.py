@@ -255,3 +255,31 @@ def test_shipped_sweeps_validate(path):
     trials = expand(sweep, source=path)
     check_report(sweep, trials, source=path)
     assert trials and len({t.config_id for t in trials}) * len(sweep.seeds or [0]) == len(trials)
+
+
+def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
+    """A FedSoftMax sweep through Ray Tune: per-client weights reach MLflow, and the report computes R90
+    against FedAvg's final accuracy (its Table 3) and draws the weights (its Figs. 6 and 7)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = {**TINY["base"], "eval": {"every": 1}, "mlflow": {"tracking_uri": uri}}
+    path = write_sweep(tmp_path / "soft.yaml", "soft", base=base, grid={"local.lr": [0.1]},
+                       methods={"fedavg": {}, "fedsoftmax": {"algorithm.temperature": [0.3, 3.0]}},
+                       report={"settings": ["algorithm.temperature"], "relative_target": 0.9})
+    assert main(["tune", path]) == 0
+    client, runs = trial_runs(uri, "soft")
+    by_method = {}
+    for r in runs:
+        by_method.setdefault(r.data.tags["fedsweep.method"], []).append(r)
+        assert "summary/stability" in r.data.metrics
+    assert len(by_method["fedsoftmax"]) == 2 and len(by_method["fedavg"]) == 1
+    for r in by_method["fedsoftmax"]:
+        assert "clients.csv" in {a.path for a in client.list_artifacts(r.info.run_id)}
+        assert len(client.get_metric_history(r.info.run_id, "weights/max_abs_dev")) == 4
+    assert "clients.csv" not in {a.path for a in client.list_artifacts(by_method["fedavg"][0].info.run_id)}
+    assert main(["report", path, "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "0.9 × the final accuracy of fedavg's best config" in text
+    assert "| algorithm.temperature=0.3 |" in text and "| algorithm.temperature=3 |" in text
+    for name in ("weights_fedsoftmax.png", "settings_curves.png"):
+        assert (tmp_path / "rep" / name).stat().st_size > 10_000
