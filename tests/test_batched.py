@@ -1,0 +1,81 @@
+"""Hand-written batched gradients (engine/batched.py) against autograd, and the vectorized engine
+with them against the same engine on torch.func."""
+import pytest
+import torch
+from torch import nn
+from torch.func import vmap
+
+from fedsweep.engine import batched
+from fedsweep.engine.functional import FunctionalModel
+from fedsweep.models import MLP
+
+
+class Deep(nn.Module):
+    """Two hidden layers, one Linear without bias: every branch of the backward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 5, bias=False), nn.ReLU(),
+                                 nn.Linear(5, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def chain(self):
+        return [(f"net.{n}", m) for n, m in self.net.named_children()]
+
+
+def batches(K, B, shape, classes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(K, B, *shape, generator=g, dtype=torch.float64)
+    y = torch.randint(0, classes, (K, B), generator=g)
+    mask = torch.rand(K, B, generator=g) > 0.3
+    mask[:, 0] = True
+    weight = mask.double() / mask.double().sum(1, keepdim=True)      # 0 on padding, sum 1
+    return x, y, weight
+
+
+@pytest.mark.parametrize("net,shape,classes", [(MLP(64, 16, 10), (1, 8, 8), 10), (Deep(), (3, 4), 4)])
+def test_chain_gradient_equals_autograd(net, shape, classes):
+    fm = FunctionalModel(net.double())
+    assert batched.supports(fm)
+    K = 4
+    w = fm.flatten().expand(K, -1) + 0.1 * torch.randn(K, fm.dim, dtype=torch.float64)
+    x, y, weight = batches(K, 6, shape, classes)
+    loss, g = batched.ChainGrad(fm)(w, x, y, weight)
+    for k in range(K):
+        ref_loss, ref_g = batched.reference_grad(fm, w[k], (x[k], y[k], weight[k]))
+        torch.testing.assert_close(loss[k], ref_loss, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g[k], ref_g, rtol=1e-10, atol=1e-12)
+    # as ops.grad: per client, under vmap with a batched or a shared w (a probe at w^t)
+    op = batched.chain_grad_op(fm)
+    v_loss, v_g = vmap(op)(w, (x, y, weight))
+    torch.testing.assert_close(v_g, g, rtol=0, atol=0)
+    s_loss, s_g = vmap(lambda b: op(w[0], b))((x, y, weight))
+    torch.testing.assert_close(s_g[2], batched.reference_grad(fm, w[0], (x[2], y[2], weight[2]))[1],
+                               rtol=1e-10, atol=1e-12)
+    one_loss, one_g = op(w[1], (x[1], y[1], weight[1]))                    # outside vmap: one client
+    torch.testing.assert_close(one_g, g[1], rtol=1e-12, atol=1e-12)
+
+
+def test_only_linear_relu_flatten_chains_take_the_fast_path():
+    from fedsweep.models import CNN, LeNet5
+    assert not batched.supports(FunctionalModel(CNN((1, 8, 8), 10)))
+    assert not batched.supports(FunctionalModel(LeNet5((1, 8, 8), 10)))
+    assert not batched.supports(FunctionalModel(nn.Sequential(nn.Linear(3, 2))))   # no chain()
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedsam", "radius": 0.1},
+                                       {"name": "mimelite"}, {"name": "scaffold"}])
+def test_vectorized_engine_same_with_and_without_fast_gradients(algorithm, monkeypatch):
+    from conftest import tiny_raw
+
+    from fedsweep.config import build_config
+    from fedsweep.run import train
+    cfg = build_config({**tiny_raw(algorithm=algorithm), "engine": "vectorized"})
+    fast = train(cfg, progress=False)
+    assert fast.engine.fast
+    monkeypatch.setattr(batched, "supports", lambda fm: False)
+    slow = train(cfg, progress=False)
+    assert not slow.engine.fast
+    torch.testing.assert_close(fast.w, slow.w, rtol=1e-5, atol=1e-6)
