@@ -135,6 +135,8 @@ def test_params_are_validated():
         build_config(tiny_raw(algorithm={"name": "fedsoftmax", "temperature": 0}))
     with pytest.raises(ConfigError, match="optimal_loss"):
         build_config(tiny_raw(algorithm={"name": "fedmax", "optimal_loss": "min"}))
+    with pytest.raises(ConfigError, match="algorithm.k.*whole number"):
+        build_config(tiny_raw(algorithm={"name": "fedmax_k", "k": 2.5}))
     with pytest.raises(ConfigError, match="algorithm.k: unknown key"):
         build_config(tiny_raw(algorithm={"name": "fedsoftmax", "k": 3}))
 

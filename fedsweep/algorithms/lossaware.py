@@ -48,7 +48,7 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
@@ -64,8 +64,15 @@ class LossAwareParams(BaseModel):
 
 
 class FedMaxKParams(LossAwareParams):
-    k: float = Field(0.2, gt=0, description="Clients that share the weight: a count (≥ 1) or a fraction of the "
-                     "K sampled clients (< 1, rounded up).")
+    k: float = Field(0.2, gt=0, description="Clients that share the weight: a count (an integer ≥ 1) or a "
+                     "fraction of the K sampled clients (< 1, rounded up).")
+
+    @field_validator("k")
+    @classmethod
+    def _count_or_fraction(cls, k: float) -> float:
+        if k >= 1 and k != int(k):
+            raise ValueError(f"k = {k:g}: a count must be a whole number, a fraction must be below 1")
+        return k
 
 
 class FedSoftMaxParams(LossAwareParams):
