@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedsweep: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # output piped into `head` and the like: stop quietly, as Unix tools do
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _dispatch(args) -> int:
