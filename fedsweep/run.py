@@ -155,6 +155,10 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     if progress:
         print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
               f"{cfg.rounds} rounds, {cfg.engine} engine on {accelerator}", file=sys.stderr, flush=True)
+        convs = any(isinstance(m, torch.nn.Conv2d) for m in module.fmodel.module.modules())
+        if convs and cfg.engine == "vectorized" and accelerator == "cpu":
+            print("note: on CPU the loop engine runs conv models faster than the vectorized one "
+                  "(benchmarks/README.md); set engine: loop", file=sys.stderr, flush=True)
     cbs = list(callbacks)
     if progress:
         cbs.append(_Progress(cfg.rounds))
