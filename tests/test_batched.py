@@ -79,3 +79,58 @@ def test_vectorized_engine_same_with_and_without_fast_gradients(algorithm, monke
     slow = train(cfg, progress=False)
     assert not slow.engine.fast
     torch.testing.assert_close(fast.w, slow.w, rtol=1e-5, atol=1e-6)
+
+
+ALGORITHM_PARAMS = {"fedclg_c": {}, "fedclg_s": {}, "clg_sgd": {}, "scaffold_plus": {}, "server_only": {},
+                    "fedlga": {"grad_source": "last"}, "fednova": {"momentum": 0.5, "mu": 0.1},
+                    "fedprox": {"mu": 0.1}, "fedsam": {"radius": 0.1}, "fedsoftmax": {"temperature": 0.5}}
+
+
+def _rowwise_algorithms():
+    from fedsweep.algorithms import available, get_algorithm_class
+    return [n for n in available() if get_algorithm_class(n).rowwise]
+
+
+@pytest.mark.parametrize("name", _rowwise_algorithms())
+def test_rowwise_steps_equal_vmapped_steps(name, monkeypatch):
+    """Every algorithm that declares its client_step row-wise gives the same model stepped on the
+    stacked clients as stepped under vmap (with stragglers, so step masks are exercised too)."""
+    from conftest import tiny_raw
+
+    from fedsweep.algorithms import get_algorithm_class
+    from fedsweep.config import build_config
+    from fedsweep.engine import vectorized
+    from fedsweep.run import train
+    cls = get_algorithm_class(name)
+    raw = tiny_raw(algorithm={"name": name, **ALGORITHM_PARAMS.get(name, {})})
+    if cls.needs_server_data:
+        raw["server_data"] = {"fraction": 0.05, "steps": 2, "lr": 0.1, "batch_size": 16}
+    cfg = build_config({**raw, "engine": "vectorized"})
+    rows = train(cfg, progress=False)
+    assert rows.engine.rowwise
+    original = vectorized.VectorizedEngine.__init__
+
+    def no_rowwise(self, *a, **k):
+        original(self, *a, **k)
+        self.rowwise = False
+    monkeypatch.setattr(vectorized.VectorizedEngine, "__init__", no_rowwise)
+    vmapped = train(cfg, progress=False)
+    assert not vmapped.engine.rowwise
+    torch.testing.assert_close(rows.w, vmapped.w, rtol=1e-5, atol=1e-6)
+
+
+def test_overriding_client_step_without_declaring_it_is_not_rowwise():
+    from fedsweep.algorithms.base import Algorithm
+    from fedsweep.algorithms.fedprox import FedProx
+
+    class Mine(Algorithm):
+        def client_step(self, state, batch, ops, lr, shared):
+            return state
+
+    class Declared(Mine):
+        rowwise = True
+
+    class Inherits(FedProx):        # same client_step as FedProx: stays row-wise
+        pass
+
+    assert Algorithm.rowwise and not Mine.rowwise and Declared.rowwise and Inherits.rowwise

@@ -56,6 +56,7 @@ class FedLGAParams(BaseModel):
 @register
 class FedLGA(Algorithm):
     name = "fedlga"
+    rowwise = True   # client_step is row-wise: runs on all K clients stacked
     Params = FedLGAParams
 
     def __init__(self, params, ctx):

@@ -86,6 +86,7 @@ class ClgSgd(_ServerTraining):
 @register
 class FedClgC(_ServerTraining):
     name = "fedclg_c"
+    rowwise = True   # client_step is row-wise: runs on all K clients stacked
     Params = GradientBatchParams
     needs_server_data = True
     download_models = 2.0        # x_t and g_s

@@ -44,11 +44,16 @@ class ChainGrad:
         self.fmodel = fmodel
         self.layers = [(leaf, dict(names)) for (_, leaf), names in zip(fmodel.chain, fmodel.leaf_params)]
 
-    def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor):
+    def loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The (K,) losses alone (a forward pass)."""
+        logp = torch.log_softmax(self._forward(w, x, [])[0], dim=-1)
+        return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * weight).sum(-1)
+
+    def _forward(self, w, x, tape):
         K = w.shape[0]
-        params = {n: v.view(K, *s) for n, v, s in zip(self.fmodel.names, torch.split(w, self.fmodel.numels, 1),
-                                                       self.fmodel.shapes)}
-        tape, a = [], x
+        params = {n: v.reshape(K, *s) for n, v, s in zip(self.fmodel.names, torch.split(w, self.fmodel.numels, 1),
+                                                          self.fmodel.shapes)}
+        a = x
         for leaf, names in self.layers:              # forward, keeping what backward needs
             if isinstance(leaf, nn.Linear):
                 W, b = params[names["weight"]], params.get(names.get("bias"))
@@ -60,6 +65,12 @@ class ChainGrad:
             else:                                    # Flatten
                 tape.append(("flatten", a.shape))
                 a = a.reshape(K, a.shape[1], -1)
+        return a, params
+
+    def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor):
+        K = w.shape[0]
+        tape = []
+        a, _ = self._forward(w, x, tape)
         logp = torch.log_softmax(a, dim=-1)
         loss = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * weight).sum(-1)
         delta = logp.exp()                           # ∂L/∂z = (softmax − onehot(y)) · weight
@@ -115,6 +126,17 @@ def chain_grad_op(fmodel):
         x, y, weight = batch
         return _ChainGradFn.apply(chain, w, x, y, weight)
     return grad
+
+
+def stacked_ops(fmodel, K: int):
+    """``ModelOps`` on all K clients at once, for algorithms whose client code is row-wise
+    (``Algorithm.rowwise``): w is (K, n), or (n,) shared by all; batches are (K, B, ...)."""
+    from fedsweep.algorithms.base import ModelOps
+    chain = ChainGrad(fmodel)
+
+    def rows(w):
+        return w.expand(K, -1) if w.dim() == 1 else w
+    return ModelOps(grad=lambda w, batch: chain(rows(w), *batch), loss=lambda w, batch: chain.loss(rows(w), *batch))
 
 
 def reference_grad(fmodel, w, batch):

@@ -11,6 +11,7 @@ import torch
 from torch.func import grad_and_value, vmap
 
 from fedsweep.algorithms.base import ModelOps
+from fedsweep.engine import batched
 from fedsweep.engine.functional import masked_weights
 
 
@@ -21,15 +22,18 @@ def _vmap(fn, *args):
 
 class VectorizedEngine:
     """``fast_grad``: MLP-shaped models (Linear/ReLU/Flatten) get hand-written batched gradients
-    (:mod:`fedsweep.engine.batched`) instead of ``torch.func.grad``; same numbers, less overhead."""
+    (:mod:`fedsweep.engine.batched`) instead of ``torch.func.grad``; same numbers, less overhead.
+    With them, an algorithm whose ``client_step`` is row-wise (``Algorithm.rowwise``) steps all K
+    clients without ``vmap``; ``client_init``/``client_final`` (once a round) stay vmapped."""
 
     def __init__(self, fmodel, algorithm, data, fast_grad: bool = True):
-        from fedsweep.engine import batched
         self.fmodel, self.algo, self.data = fmodel, algorithm, data
         self._gv = grad_and_value(self.fmodel.loss_vmappable)
         self.fast = fast_grad and batched.supports(fmodel)
         self._fast_grad = batched.chain_grad_op(fmodel) if self.fast else None
         self.ops = ModelOps(grad=self._grad, loss=self.fmodel.loss_vmappable)
+        # row-wise client steps on the hand-written batched gradients need no vmap at all
+        self.rowwise = self.fast and algorithm.rowwise
 
     def _grad(self, w, batch):
         if self._fast_grad is not None:
@@ -65,7 +69,19 @@ class VectorizedEngine:
             new = algo.client_step(st, b, ModelOps(grad=grad, loss=ops.loss), lr, shared)
             return new, seen[0]
 
-        step = vmap(one_step)
+        if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
+            stacked = batched.stacked_ops(self.fmodel, K)
+
+            def step(st, b):
+                seen = []
+
+                def grad(w_, batch):
+                    loss, g = stacked.grad(w_, batch)
+                    seen.append(loss)
+                    return loss, g
+                return algo.client_step(st, b, ModelOps(grad=grad, loss=stacked.loss), lr, shared), seen[0]
+        else:
+            step = vmap(one_step)
         steps = plan.steps.to(w.device)
         n_all = int(plan.steps.min())      # steps every client takes: no mask needed
         loss_sum = torch.zeros(K, device=w.device, dtype=w.dtype)
