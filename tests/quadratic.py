@@ -15,6 +15,25 @@ from fedsweep.engine import ClientData, make_engine, probe_batches
 from fedsweep.heterogeneity import RoundPlan, client_tables, schedule_batches
 
 DTYPE = torch.float64
+ENGINES = ["loop", "vectorized"]
+
+#: The three-client problem the algorithm tests compute by hand: client i's points, their means
+#: C[i] (so a full-batch gradient at w is w − C[i]) and the client sizes.
+POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),                     # c_0 = (2, 0)
+          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                                  # c_1 = (0, 4)
+          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]    # c_2 = (−2, −1)
+C = torch.tensor([[2.0, 0.0], [0.0, 4.0], [-2.0, -1.0]], dtype=DTYPE)
+SIZES = [2, 1, 3]
+
+
+def t(*v):
+    """A float64 vector."""
+    return torch.tensor(v, dtype=DTYPE)
+
+
+def close(a, b):
+    """Equal up to float64 rounding of hand-computed values."""
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
 class QuadraticModel:

@@ -2,11 +2,7 @@
 import pytest
 import torch
 
-from quadratic import DTYPE, make_algorithm, one_round
-
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),      # c_0 = (2, 0)
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                   # c_1 = (0, 4)
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]  # c_2 = (−2, −1)
+from quadratic import DTYPE, POINTS, make_algorithm, one_round
 
 
 @pytest.mark.parametrize("engine", ["loop", "vectorized"])

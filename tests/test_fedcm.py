@@ -7,20 +7,7 @@ from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from fedsweep.run import train
 from conftest import tiny_raw
-from quadratic import DTYPE, make_algorithm, one_round
-
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),      # c_0 = (2, 0)
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                   # c_1 = (0, 4)
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]  # c_2 = (−2, −1)
-ENGINES = ["loop", "vectorized"]
-
-
-def t(*v):
-    return torch.tensor(v, dtype=DTYPE)
-
-
-def close(a, b):
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+from quadratic import ENGINES, POINTS, close, make_algorithm, one_round, t
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -7,21 +7,9 @@ from conftest import tiny_raw
 from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from fedsweep.run import train
-from quadratic import DTYPE, make_algorithm, one_round
+from quadratic import ENGINES, POINTS, close, make_algorithm, one_round, t
 
 # Client means m_0 = (2, 0), m_1 = (0, 4), m_2 = (−2, −1); the gradient of client i is w − m_i.
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]
-ENGINES = ["loop", "vectorized"]
-
-
-def t(*v):
-    return torch.tensor(v, dtype=DTYPE)
-
-
-def close(a, b):
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
 # α = 1, η_l = 1/4. The local gradient (y − m) − ℓ + α(y − w) = (1+α) y − (m + α w + ℓ), ℓ = ∇L_i^{prev},

@@ -7,13 +7,8 @@ from fedsweep.algorithms.fednova import normalizer_recursion
 from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from fedsweep.run import train
-from quadratic import DTYPE, make_algorithm, one_round
+from quadratic import DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 
-ENGINES = ["loop", "vectorized"]
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),      # c_0 = (2, 0)
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                   # c_1 = (0, 4)
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]  # c_2 = (−2, −1)
-SIZES = [2, 1, 3]
 W0 = torch.tensor([1.0, 1.0], dtype=DTYPE)                           # w^t
 D = torch.stack([p.mean(0) for p in POINTS]) - W0                   # d_i = c_i − w^t
 Q = {"uniform": torch.tensor([1 / 3] * 3, dtype=DTYPE), "data": torch.tensor([2 / 6, 1 / 6, 3 / 6], dtype=DTYPE)}

@@ -7,18 +7,13 @@ from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from fedsweep.run import train
 from conftest import tiny_raw
-from quadratic import DTYPE, make_algorithm, one_round
+from quadratic import DTYPE, ENGINES, make_algorithm, one_round, t
 
 POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),      # c_0 = (2, 0),   ‖c_0‖ = 2
           torch.tensor([[0.0, 4.0]], dtype=DTYPE),                   # c_1 = (0, 4),   ‖c_1‖ = 4
           torch.tensor([[-2.0, -4.0], [-4.0, -4.0]], dtype=DTYPE),   # c_2 = (−3, −4), ‖c_2‖ = 5
           torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=DTYPE)]     # c_3 = (0, 0): g = 0 at w = 0
 SIZES = [2, 1, 2, 2]
-ENGINES = ["loop", "vectorized"]
-
-
-def t(*v):
-    return torch.tensor(v, dtype=DTYPE)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -6,12 +6,8 @@ at w is w − c_i and the server's is w − c_s. η_l = 0.5, steps E_i = (2, 1, 
 import pytest
 import torch
 
-from quadratic import DTYPE, hybrid_round, make_algorithm
+from quadratic import C, DTYPE, POINTS, hybrid_round, make_algorithm
 
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),                     # c_0 = (2, 0)
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                                  # c_1 = (0, 4)
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]    # c_2 = (−2, −1)
-C = torch.tensor([[2.0, 0.0], [0.0, 4.0], [-2.0, -1.0]], dtype=DTYPE)
 SERVER = torch.tensor([[1.0, 1.0], [3.0, 1.0]], dtype=DTYPE)                      # c_s = (2, 1)
 C_S = torch.tensor([2.0, 1.0], dtype=DTYPE)
 W = torch.tensor([0.0, 0.0], dtype=DTYPE)

@@ -1,6 +1,6 @@
 """Loss-aware aggregation (FedSoftMax paper): weights computed by hand on quadratic clients, both engines.
 
-Clients' points as in test_hybrid; every batch is a full batch, so F_i(w) = ½ mean_j ‖w − x_ij‖²,
+The harness's three clients (quadratic.POINTS); every batch is a full batch, so F_i(w) = ½ mean_j ‖w − x_ij‖²,
 which at w = 0 is F = (2.5, 8, 29/6), and Δ_i = (c_i − w)(1 − (1 − η)^{E_i}).
 """
 import math
@@ -8,18 +8,12 @@ import math
 import pytest
 import torch
 
-from quadratic import DTYPE, make_algorithm, one_round
+from quadratic import C, DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 
-POINTS = [torch.tensor([[1.0, 0.0], [3.0, 0.0]], dtype=DTYPE),                     # c_0 = (2, 0)
-          torch.tensor([[0.0, 4.0]], dtype=DTYPE),                                  # c_1 = (0, 4)
-          torch.tensor([[-1.0, -1.0], [-1.0, -3.0], [-4.0, 1.0]], dtype=DTYPE)]    # c_2 = (−2, −1)
-C = torch.tensor([[2.0, 0.0], [0.0, 4.0], [-2.0, -1.0]], dtype=DTYPE)
-SIZES = [2, 1, 3]
 W = torch.zeros(2, dtype=DTYPE)
 F = torch.tensor([2.5, 8.0, 29 / 6], dtype=DTYPE)                                  # F_i(0) by hand
 STEPS, LR = [2, 1, 2], 0.5
 DELTA = C * torch.tensor([[1 - 0.5 ** 2], [1 - 0.5], [1 - 0.5 ** 2]], dtype=DTYPE)
-ENGINES = ["loop", "vectorized"]
 
 
 def run(name, engine="loop", weighting="uniform", dropped=None, **params):
