@@ -1,10 +1,7 @@
 """The vectorized engine agrees with the loop reference on the same seed (DESIGN.md §2)."""
 import pytest
-import torch
 
-from fedsweep.config import build_config
-from fedsweep.run import train
-from conftest import tiny_raw
+from conftest import assert_engines_agree
 
 CASES = {
     "fedavg-stragglers": {},
@@ -22,18 +19,6 @@ CASES = {
 }
 
 
-def final(engine: str, over: dict):
-    cfg = build_config({**tiny_raw(**over), "engine": engine})
-    m = train(cfg, progress=False)
-    return m.w.detach().clone(), m.history
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_engines_agree(case):
-    w_loop, h_loop = final("loop", CASES[case])
-    w_vec, h_vec = final("vectorized", CASES[case])
-    assert not torch.equal(w_loop, final("loop", {**CASES[case], "seed": 4})[0])   # the seed matters
-    torch.testing.assert_close(w_vec, w_loop, rtol=1e-4, atol=1e-5)
-    for a, b in zip(h_loop, h_vec):
-        for key in ("test/accuracy", "test/loss", "train/loss", "comm/up_models", "stragglers/fraction"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+    assert_engines_agree(CASES[case], ("test/accuracy", "test/loss", "train/loss", "comm/up_models", "stragglers/fraction"))

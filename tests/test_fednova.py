@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from conftest import tiny_raw
+from conftest import assert_engines_agree, final, tiny_raw
 from fedsweep.algorithms.fednova import normalizer_recursion
 from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
-from fedsweep.run import train
 from quadratic import DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 
 W0 = torch.tensor([1.0, 1.0], dtype=DTYPE)                           # w^t
@@ -163,20 +162,10 @@ CASES = {
 }
 
 
-def final(engine: str, over: dict):
-    m = train(build_config({**tiny_raw(**over), "engine": engine}), progress=False)
-    return m.w.detach().clone(), m.history
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_engines_agree(case):
-    w_loop, h_loop = final("loop", CASES[case])
-    w_vec, h_vec = final("vectorized", CASES[case])
-    assert not torch.equal(w_loop, final("loop", {**CASES[case], "seed": 4})[0])   # the seed matters
-    torch.testing.assert_close(w_vec, w_loop, rtol=1e-4, atol=1e-5)
-    for a, b in zip(h_loop, h_vec):
-        for key in ("test/accuracy", "test/loss", "train/loss", "comm/up_models", "compute/grad_evals"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+    assert_engines_agree(CASES[case], ("test/accuracy", "test/loss", "train/loss", "comm/up_models",
+                                       "compute/grad_evals"))
 
 
 def test_unequal_steps_change_training_on_real_data():
