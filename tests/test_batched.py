@@ -7,6 +7,7 @@ from torch.func import vmap
 
 from fedsweep.engine import batched
 from fedsweep.engine.functional import FunctionalModel
+from fedsweep.engine.loop import autograd_ops
 from fedsweep.models import MLP
 
 
@@ -44,15 +45,15 @@ def test_chain_gradient_equals_autograd(net, shape, classes):
     x, y, weight = batches(K, 6, shape, classes)
     loss, g = batched.ChainGrad(fm)(w, x, y, weight)
     for k in range(K):
-        ref_loss, ref_g = batched.reference_grad(fm, w[k], (x[k], y[k], weight[k]))
+        ref_loss, ref_g = autograd_ops(fm).grad(w[k], (x[k], y[k], weight[k]))
         torch.testing.assert_close(loss[k], ref_loss, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(g[k], ref_g, rtol=1e-10, atol=1e-12)
     # as ops.grad: per client, under vmap with a batched or a shared w (a probe at w^t)
-    op = batched.chain_grad_op(fm)
+    op = batched.chain_grad_op(batched.ChainGrad(fm))
     v_loss, v_g = vmap(op)(w, (x, y, weight))
     torch.testing.assert_close(v_g, g, rtol=0, atol=0)
     s_loss, s_g = vmap(lambda b: op(w[0], b))((x, y, weight))
-    torch.testing.assert_close(s_g[2], batched.reference_grad(fm, w[0], (x[2], y[2], weight[2]))[1],
+    torch.testing.assert_close(s_g[2], autograd_ops(fm).grad(w[0], (x[2], y[2], weight[2]))[1],
                                rtol=1e-10, atol=1e-12)
     one_loss, one_g = op(w[1], (x[1], y[1], weight[1]))                    # outside vmap: one client
     torch.testing.assert_close(one_g, g[1], rtol=1e-12, atol=1e-12)

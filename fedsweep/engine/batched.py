@@ -19,7 +19,6 @@ the tests check this gradient against autograd and both engines against each oth
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 SUPPORTED = (nn.Linear, nn.ReLU, nn.Flatten)
@@ -118,9 +117,8 @@ class _ChainGradFn(torch.autograd.Function):
         return chain(*args), (0, 0)
 
 
-def chain_grad_op(fmodel):
+def chain_grad_op(chain: ChainGrad):
     """``ops.grad`` for the vectorized engine: (w, (x, y, weight)) -> (loss, g), per client."""
-    chain = ChainGrad(fmodel)
 
     def grad(w, batch):
         x, y, weight = batch
@@ -128,21 +126,11 @@ def chain_grad_op(fmodel):
     return grad
 
 
-def stacked_ops(fmodel, K: int):
+def stacked_ops(chain: ChainGrad, K: int):
     """``ModelOps`` on all K clients at once, for algorithms whose client code is row-wise
     (``Algorithm.rowwise``): w is (K, n), or (n,) shared by all; batches are (K, B, ...)."""
     from fedsweep.algorithms.base import ModelOps
-    chain = ChainGrad(fmodel)
 
     def rows(w):
         return w.expand(K, -1) if w.dim() == 1 else w
     return ModelOps(grad=lambda w, batch: chain(rows(w), *batch), loss=lambda w, batch: chain.loss(rows(w), *batch))
-
-
-def reference_grad(fmodel, w, batch):
-    """The same (loss, g) by autograd on one client, for tests."""
-    w = w.detach().requires_grad_(True)
-    x, y, weight = batch
-    loss = (F.cross_entropy(fmodel.logits(w, x), y, reduction="none") * weight).sum()
-    (g,) = torch.autograd.grad(loss, w)
-    return loss.detach(), g

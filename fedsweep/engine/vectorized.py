@@ -30,7 +30,8 @@ class VectorizedEngine:
         self.fmodel, self.algo, self.data = fmodel, algorithm, data
         self._gv = grad_and_value(self.fmodel.loss_vmappable)
         self.fast = fast_grad and batched.supports(fmodel)
-        self._fast_grad = batched.chain_grad_op(fmodel) if self.fast else None
+        self._chain = batched.ChainGrad(fmodel) if self.fast else None
+        self._fast_grad = batched.chain_grad_op(self._chain) if self.fast else None
         self.ops = ModelOps(grad=self._grad, loss=self.fmodel.loss_vmappable)
         # row-wise client steps on the hand-written batched gradients need no vmap at all
         self.rowwise = self.fast and algorithm.rowwise
@@ -58,30 +59,24 @@ class VectorizedEngine:
             state = {k: v.expand(K, *v.shape)
                      for k, v in algo.client_init(w, shared, own, ops, None).items()}
 
-        def one_step(st, b):
-            seen = []                      # the step's first gradient pass gives its training loss
-
-            def grad(w_, batch):
-                loss, g = self._grad(w_, batch)
-                seen.append(loss)
-                return loss, g
-
-            new = algo.client_step(st, b, ModelOps(grad=grad, loss=ops.loss), lr, shared)
-            return new, seen[0]
-
-        if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
-            stacked = batched.stacked_ops(self.fmodel, K)
-
-            def step(st, b):
+        def stepper(grad_fn, loss_fn):
+            """One local step of ``client_step`` that also returns the step's training loss (the
+            first gradient pass's)."""
+            def one_step(st, b):
                 seen = []
 
                 def grad(w_, batch):
-                    loss, g = stacked.grad(w_, batch)
+                    loss, g = grad_fn(w_, batch)
                     seen.append(loss)
                     return loss, g
-                return algo.client_step(st, b, ModelOps(grad=grad, loss=stacked.loss), lr, shared), seen[0]
+                return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn), lr, shared), seen[0]
+            return one_step
+
+        if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
+            stacked = batched.stacked_ops(self._chain, K)
+            step = stepper(stacked.grad, stacked.loss)
         else:
-            step = vmap(one_step)
+            step = vmap(stepper(self._grad, ops.loss))
         steps = plan.steps.to(w.device)
         n_all = int(plan.steps.min())      # steps every client takes: no mask needed
         loss_sum = torch.zeros(K, device=w.device, dtype=w.dtype)
