@@ -203,7 +203,7 @@ def best_configs(configs: pd.DataFrame) -> pd.DataFrame:
     return best
 
 
-def relative_targets(trials: pd.DataFrame, client, settings: Sequence[str], reference: str,
+def relative_targets(trials: pd.DataFrame, runs: _Runs, settings: Sequence[str], reference: str,
                      fraction: float) -> dict[tuple, float]:
     """Set each trial's rounds to target against ``fraction`` × the reference's final accuracy.
 
@@ -220,15 +220,18 @@ def relative_targets(trials: pd.DataFrame, client, settings: Sequence[str], refe
     keys = [k for k in settings if ref[k].notna().all()]
     final = _col(ref, "summary/final_test_accuracy").where(ref["status"] != "diverged").fillna(0.0)
     per_config = ref.assign(_final=final).groupby([*keys, "config_id"], dropna=False)["_final"].mean()
-    best = per_config.groupby(level=list(range(len(keys)))).max() if keys else pd.Series([per_config.max()], [()])
-    thresholds = {(k if isinstance(k, tuple) else (k,)) if keys else (): fraction * v for k, v in best.items()}
+    if keys:
+        best = per_config.groupby(level=keys).max()
+        thresholds = {(g if isinstance(g, tuple) else (g,)): fraction * v for g, v in best.items()}
+    else:
+        thresholds = {(): fraction * per_config.max()}
 
     rtt, target = [], []
     for _, r in trials.iterrows():
         group = tuple(r[k] for k in keys)
         thr = thresholds.get(group)
-        hist = sorted((m.step, m.value) for m in client.get_metric_history(r["run_id"], "test/accuracy"))
-        hit = next((step for step, acc in hist if thr is not None and acc >= thr - 1e-12), None)
+        hit = next((step for step, acc in runs.accuracy(r["run_id"]).items() if thr is not None and acc >= thr - 1e-12),
+                   None)
         rtt.append(float(hit) if hit is not None and r["status"] != "diverged" else np.nan)
         target.append(thr if thr is not None else np.nan)
     trials["rounds_to_target"] = rtt
@@ -338,47 +341,89 @@ def _colors(methods) -> dict:
     return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(methods))}
 
 
-def _mean_curve(client, run_ids, metric: str = "test/accuracy"):
-    """(mean, std) over runs of ``metric`` by round, or None if no run logged it."""
-    curves = {rid: pd.Series({m.step: m.value for m in client.get_metric_history(rid, metric)}, dtype=float)
-              for rid in run_ids}
+class _Runs:
+    """The sweep's runs in MLflow for one report: each accuracy history and ``clients.csv`` is read
+    once, however many tables and figures use it."""
+
+    def __init__(self, client):
+        self.client, self._accuracy, self._logs = client, {}, {}
+
+    def accuracy(self, run_id: str) -> pd.Series:
+        """Test accuracy by round."""
+        if run_id not in self._accuracy:
+            history = self.client.get_metric_history(run_id, "test/accuracy")
+            self._accuracy[run_id] = pd.Series({m.step: m.value for m in history}, dtype=float).sort_index()
+        return self._accuracy[run_id]
+
+    def client_log(self, run_id: str) -> pd.DataFrame | None:
+        """The run's ``clients.csv`` artifact (per round and sampled client), or None if it has none."""
+        if run_id not in self._logs:
+            self._logs[run_id] = self._read_client_log(run_id)
+        return self._logs[run_id]
+
+    def _read_client_log(self, run_id: str) -> pd.DataFrame | None:
+        import os
+        import tempfile
+        if not any(f.path == "clients.csv" for f in self.client.list_artifacts(run_id)):
+            return None     # an algorithm without per-client records
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        with tempfile.TemporaryDirectory() as tmp:
+            return pd.read_csv(self.client.download_artifacts(run_id, "clients.csv", tmp))
+
+
+def _mean_curve(runs: _Runs, run_ids):
+    """(mean, std) over runs of test accuracy by round, or None if no run logged it."""
+    curves = {rid: runs.accuracy(rid) for rid in run_ids}
     if not curves or all(c.empty for c in curves.values()):
         return None
     frame = pd.DataFrame(curves).sort_index()
     return frame.mean(axis=1), frame.std(axis=1).fillna(0.0)
 
 
-def accuracy_curves_png(best: pd.DataFrame, client, path: Path, title: str = "") -> Path:
+def _band(ax, curve, color, label: str, alpha: float) -> None:
+    """A mean curve with its ± std band."""
+    mean, std = curve
+    ax.plot(mean.index, mean.values, color=color, label=label)
+    ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=alpha, lw=0)
+
+
+def _panel_grid(n: int):
+    """A figure of ``n`` accuracy panels, at most three per row, sharing the y axis."""
+    from fedsweep.plots import plt
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    return plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+
+
+def _save_panels(fig, axes, used: int, path: Path, title: str) -> Path:
+    from fedsweep.plots import save_figure
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy")
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
+    return save_figure(fig, path, title)
+
+
+def accuracy_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, title: str = "") -> Path:
     """Test accuracy vs round of each method's best config: mean over seeds, ± std band; the target
     (``best["target"]``, if any) dashed."""
-    from fedsweep.plots import plt, save_figure
-
     groups = _groups(best)
     colors = _colors(best["method"].unique())
-    ncols = min(len(groups), 3)
-    nrows = math.ceil(len(groups) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+    fig, axes = _panel_grid(len(groups))
     for ax, (label, rows) in zip(axes.flat, groups):
         for _, r in rows.iterrows():
-            if (curve := _mean_curve(client, r["run_ids"])) is None:
-                continue
-            mean, std = curve
-            ax.plot(mean.index, mean.values, color=colors[r["method"]], label=f"{r['method']} (n={r['n']})")
-            ax.fill_between(mean.index, mean - std, mean + std, color=colors[r["method"]], alpha=0.2, lw=0)
+            if (curve := _mean_curve(runs, r["run_ids"])) is not None:
+                _band(ax, curve, colors[r["method"]], f"{r['method']} (n={r['n']})", 0.2)
         target = rows["target"].iloc[0] if "target" in rows else None
         if target is not None and _present(target):
             ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.3g}")
         ax.set(xlabel="round", title=label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("test accuracy")
-    for ax in list(axes.flat)[len(groups):]:
-        ax.set_visible(False)
-    return save_figure(fig, path, title)
+    return _save_panels(fig, axes, len(groups), path, title)
 
 
-def settings_curves_png(best: pd.DataFrame, client, path: Path, reference: str | None = None,
+def settings_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, reference: str | None = None,
                         title: str = "") -> Path:
     """How each method responds to a setting: one panel per method (and value of the other settings),
     one curve per value of the last setting key, its best config there (mean over seeds).
@@ -387,7 +432,7 @@ def settings_curves_png(best: pd.DataFrame, client, path: Path, reference: str |
     ``[data.partition.shard_size, algorithm.temperature]`` the FedSoftMax paper's Fig. 5 (one curve per
     T). A reference method that lacks the last key (one curve for all its values: FedAvg and T) is drawn
     dashed in black in every other method's panel, as the yardstick."""
-    from fedsweep.plots import plt, save_figure
+    from fedsweep.plots import plt
 
     settings = best.attrs["settings"]
     last, outer = settings[-1], settings[:-1]
@@ -399,26 +444,22 @@ def settings_curves_png(best: pd.DataFrame, client, path: Path, reference: str |
     # the reference needs no panel of its own where it has a single curve: it is dashed in the others
     if len(panels) > 1:
         panels = [p for p in panels if p[0] != reference or p[2]["run_ids"].map(tuple).nunique() > 1] or panels
-    ncols = min(len(panels), 3)
-    nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, sharey=True)
+    fig, axes = _panel_grid(len(panels))
     for ax, (method, key, rows) in zip(axes.flat, panels):
         key = key if isinstance(key, tuple) else (key,)
         drawn = set()
         for _, r in rows.sort_values(last).iterrows():
-            if tuple(r["run_ids"]) in drawn or (curve := _mean_curve(client, r["run_ids"])) is None:
+            if tuple(r["run_ids"]) in drawn or (curve := _mean_curve(runs, r["run_ids"])) is None:
                 continue
             drawn.add(tuple(r["run_ids"]))
-            mean, std = curve
-            ax.plot(mean.index, mean.values, color=shades.get(r[last], "grey"), label=f"{last}={_fmt_value(r[last])}")
-            ax.fill_between(mean.index, mean - std, mean + std, color=shades.get(r[last], "grey"), alpha=0.15, lw=0)
+            _band(ax, curve, shades.get(r[last], "grey"), f"{last}={_fmt_value(r[last])}", 0.15)
         if reference is not None and method != reference:
             ref = best[best["method"] == reference]
             for k, v in zip(outer, key):
                 ref = ref[ref[k] == v]
             # only a reference that is one run set across the curves (it lacks the key) is a yardstick
             one = not ref.empty and ref["run_ids"].map(tuple).nunique() == 1
-            if one and (curve := _mean_curve(client, ref.iloc[0]["run_ids"])) is not None:
+            if one and (curve := _mean_curve(runs, ref.iloc[0]["run_ids"])) is not None:
                 ax.plot(curve[0].index, curve[0].values, color="black", ls="--", lw=1.2, label=reference)
         target = rows["target"].iloc[0] if "target" in rows and len(rows) else None
         if target is not None and _present(target):
@@ -426,11 +467,7 @@ def settings_curves_png(best: pd.DataFrame, client, path: Path, reference: str |
         ax.set(xlabel="round", title=", ".join([method, *(f"{k}={_fmt_value(v)}" for k, v in zip(outer, key))]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("test accuracy")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    return save_figure(fig, path, title)
+    return _save_panels(fig, axes, len(panels), path, title)
 
 
 def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | None = None,
@@ -492,17 +529,6 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
     return save_figure(fig, path)
 
 
-def _client_log(client, run_id: str) -> pd.DataFrame | None:
-    """A run's ``clients.csv`` artifact (per round and sampled client), or None if it has none."""
-    import os
-    import tempfile
-    if not any(f.path == "clients.csv" for f in client.list_artifacts(run_id)):
-        return None     # an algorithm without per-client records
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    with tempfile.TemporaryDirectory() as tmp:
-        return pd.read_csv(client.download_artifacts(run_id, "clients.csv", tmp))
-
-
 def weights_png(logs: list[tuple[str, pd.DataFrame]], path: Path, title: str = "", top: int | None = None) -> Path:
     """Per row (one run): |α_i − p_i| of every client over the rounds (the FedSoftMax paper's Fig. 6)
     and which clients carry the weight, round by round (its Fig. 7: the ``top`` largest α_i of each
@@ -534,21 +560,21 @@ def weights_png(logs: list[tuple[str, pd.DataFrame]], path: Path, title: str = "
     return save_figure(fig, path, title)
 
 
-def weights_figures(best: pd.DataFrame, client, out: Path, max_rows: int = 4) -> list[tuple[str, str]]:
+def weights_figures(best: pd.DataFrame, runs: _Runs, out: Path, max_rows: int = 4) -> list[tuple[str, str]]:
     """``weights_<method>.png`` for each method whose runs kept per-client weights: one row per setting
     (its best config there, first seed; at most ``max_rows``, evenly spread). Returns (method, file name)."""
     made = []
     for method in sorted(best["method"].unique()):
         rows = best[best["method"] == method]
         rows = rows[~rows["run_ids"].map(tuple).duplicated()]
-        if rows.empty or not rows.iloc[0]["run_ids"] or (_client_log(client, rows.iloc[0]["run_ids"][0]) is None):
+        if rows.empty or not rows.iloc[0]["run_ids"] or runs.client_log(rows.iloc[0]["run_ids"][0]) is None:
             continue
         if len(rows) > max_rows:
             rows = rows.iloc[np.linspace(0, len(rows) - 1, max_rows).round().astype(int)]
         settings = best.attrs["settings"]
         logs = []
         for _, r in rows.iterrows():
-            log = _client_log(client, r["run_ids"][0])
+            log = runs.client_log(r["run_ids"][0])
             if log is not None and {"alpha", "abs_dev"} <= set(log.columns):
                 logs.append((", ".join([method, *(f"{k}={_fmt_value(r[k])}" for k in settings)]), log))
         if logs:
@@ -577,13 +603,13 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     uri = trials.attrs["tracking_uri"]
-    client = MlflowClient(tracking_uri=uri)
+    runs = _Runs(MlflowClient(tracking_uri=uri))
     thresholds = None
     if relative_target is not None:
         if reference is None:
             raise ConfigError("report.relative_target needs a reference method (report.reference)")
         settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
-        thresholds = relative_targets(trials, client, settings_in, reference, relative_target)
+        thresholds = relative_targets(trials, runs, settings_in, reference, relative_target)
     configs = config_table(trials, setting_keys)
     best = best_configs(configs)
     settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
@@ -596,14 +622,14 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         best["target"] = target if target is not None else np.nan
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
 
-    accuracy_curves_png(best, client, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
+    accuracy_curves_png(best, runs, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
     rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target if rule == "target" else None,
                          relative=thresholds is not None)
     several = len(_groups(best)) > 1
     if several:
-        settings_curves_png(best, client, out / "settings_curves.png", reference,
+        settings_curves_png(best, runs, out / "settings_curves.png", reference,
                             title=f"{sweep}: each method across {', '.join(settings)}")
-    weight_figures = weights_figures(best, client, out)
+    weight_figures = weights_figures(best, runs, out)
     trials.to_csv(out / "trials.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
