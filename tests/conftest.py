@@ -38,15 +38,42 @@ def final(engine: str, over: dict):
     return m.w.detach().clone(), m.history
 
 
-def assert_engines_agree(over: dict, keys: tuple[str, ...]):
-    """Loop and vectorized engines end at the same model with the same per-round ``keys``; the seed matters."""
-    w_loop, h_loop = final("loop", over)
-    w_vec, h_vec = final("vectorized", over)
-    assert not torch.equal(w_loop, final("loop", {**over, "seed": 4})[0])   # the seed matters
-    torch.testing.assert_close(w_vec, w_loop, rtol=1e-4, atol=1e-5)
-    for a, b in zip(h_loop, h_vec):
+def engine_runs(over: dict, keys: tuple[str, ...] = ()):
+    """Train ``tiny_raw(**over)`` on both engines; they must end at the same model and agree on the
+    per-round metrics ``keys``. Returns the (loop, vectorized) modules for further checks."""
+    from fedsweep.config import build_config
+    from fedsweep.run import train
+    loop, vec = (train(build_config({**tiny_raw(**over), "engine": e}), progress=False)
+                 for e in ("loop", "vectorized"))
+    torch.testing.assert_close(vec.w, loop.w, rtol=1e-4, atol=1e-5)
+    for a, b in zip(loop.history, vec.history):
         for key in keys:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+    return loop, vec
+
+
+def assert_engines_agree(over: dict, keys: tuple[str, ...]):
+    """:func:`engine_runs`, and the seed matters."""
+    loop, _ = engine_runs(over, keys)
+    assert not torch.equal(loop.w, final("loop", {**over, "seed": 4})[0])
+
+
+def resumed_run(raw: dict, tmp_path, stop: int):
+    """Train ``raw`` uninterrupted, and again stopped after ``stop`` rounds and resumed from its
+    checkpoint: both must end at the same model with the same metric history (wall time aside).
+    Returns (uninterrupted, resumed, the checkpoint's fedsweep state)."""
+    from fedsweep.config import build_config
+    from fedsweep.run import train
+    full = train(build_config(raw), progress=False)
+    train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=stop)
+    ckpt = tmp_path / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True)["fedsweep"]       # loads with weights_only
+    assert saved["rounds_done"] == stop
+    resumed = train(build_config(raw), progress=False, resume=ckpt)
+    assert torch.equal(resumed.w, full.w)
+    strip = lambda hs: [{k: v for k, v in h.items() if k != "round/seconds"} for h in hs]  # noqa: E731
+    assert strip(resumed.history) == strip(full.history)
+    return full, resumed, saved
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import torch
 from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from fedsweep.run import train
-from conftest import tiny_raw
+from conftest import engine_runs, resumed_run, tiny_raw
 from quadratic import ENGINES, POINTS, close, make_algorithm, one_round, t
 
 
@@ -107,25 +107,13 @@ def test_accounting():
 def test_resume_from_checkpoint_is_exact(tmp_path):
     raw = tiny_raw(rounds=4, algorithm={"name": "fedcm", "alpha": 0.5},
                    server={"optimizer": "momentum", "lr": 0.5}, eval={"every": 2})
-    full = train(build_config(raw), progress=False)
-    train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=2)
-    ckpt = tmp_path / "last.ckpt"
-    saved = torch.load(ckpt, weights_only=True)["fedsweep"]
-    assert saved["rounds_done"] == 2 and saved["algorithm"]["d"].shape == full.w.shape
-    resumed = train(build_config(raw), progress=False, resume=ckpt)
-    assert torch.equal(resumed.w, full.w)
-    strip = lambda hs: [{k: v for k, v in h.items() if k != "round/seconds"} for h in hs]  # noqa: E731
-    assert strip(resumed.history) == strip(full.history)
+    full, _, saved = resumed_run(raw, tmp_path, stop=2)
+    assert saved["algorithm"]["d"].shape == full.w.shape
 
 
 def test_engines_agree_on_real_data():
-    raw = tiny_raw(rounds=2, algorithm={"name": "fedcm", "alpha": 0.5})
-    loop = train(build_config({**raw, "engine": "loop"}), progress=False)
-    vec = train(build_config({**raw, "engine": "vectorized"}), progress=False)
-    torch.testing.assert_close(vec.w, loop.w, rtol=1e-4, atol=1e-5)
-    for a, b in zip(loop.history, vec.history):
-        for key in ("test/accuracy", "test/loss", "train/loss", "comm/up_models", "comm/down_models"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+    loop, _ = engine_runs({"rounds": 2, "algorithm": {"name": "fedcm", "alpha": 0.5}},
+                          ("test/accuracy", "test/loss", "train/loss", "comm/up_models", "comm/down_models"))
     assert [h["comm/down_models"] for h in loop.history] == [4, 8]   # d̄ downloaded from round 2
     avg = train(build_config(tiny_raw(rounds=2)), progress=False)
     assert not torch.allclose(avg.w, loop.w)                           # momentum changes the run

@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from conftest import assert_engines_agree, final, tiny_raw
+from conftest import assert_engines_agree, final
 from fedsweep.algorithms.fednova import normalizer_recursion
-from fedsweep.config import build_config
 from fedsweep.heterogeneity import RoundPlan
 from quadratic import DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 

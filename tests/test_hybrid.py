@@ -70,7 +70,7 @@ def test_communication_accounting():
 
 # ----- on real data, through Lightning ----------------------------------------------------------
 
-from conftest import tiny_raw  # noqa: E402
+from conftest import engine_runs, resumed_run, tiny_raw  # noqa: E402
 
 from fedsweep.config import ConfigError, build_config  # noqa: E402
 from fedsweep.run import train  # noqa: E402
@@ -92,16 +92,11 @@ def test_clg_sgd_without_server_data_or_steps_is_fedavg():
 @pytest.mark.parametrize("name,params", [("clg_sgd", {}), ("fedclg_c", {}), ("fedclg_s", {"gradient_batch": "full"}),
                                          ("scaffold_plus", {}), ("server_only", {})])
 def test_engines_agree_with_server_data(name, params):
-    runs = {}
-    for engine in ("loop", "vectorized"):
-        cfg = build_config({**tiny_raw(algorithm={"name": name, **params}, server_data=SERVER_DATA), "engine": engine})
-        m = train(cfg, progress=False)
-        runs[engine] = m
-    torch.testing.assert_close(runs["vectorized"].w, runs["loop"].w, rtol=1e-4, atol=1e-5)
-    h = runs["loop"].history[-1]
+    loop, _ = engine_runs({"algorithm": {"name": name, **params}, "server_data": SERVER_DATA})
+    h = loop.history[-1]
     assert "server/loss" in h and h["test/accuracy"] >= 0
     fedavg = train(build_config(tiny_raw(server_data=SERVER_DATA)), progress=False)
-    assert not torch.allclose(runs["loop"].w, fedavg.w)           # the server's data changes the result
+    assert not torch.allclose(loop.w, fedavg.w)           # the server's data changes the result
 
 
 def test_server_and_client_data_never_overlap():
@@ -121,10 +116,7 @@ def test_hybrid_algorithms_need_server_data():
 def test_resume_with_server_data_is_exact(tmp_path):
     raw = tiny_raw(rounds=4, algorithm={"name": "scaffold_plus"}, server_data=SERVER_DATA,
                    local={"steps": 4, "batch_size": 5, "lr": 0.1, "lr_decay": 0.9, "lr_min": 0.01})
-    full = train(build_config(raw), progress=False)
-    train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=2)
-    resumed = train(build_config(raw), progress=False, resume=tmp_path / "last.ckpt")
-    assert torch.equal(resumed.w, full.w)
+    resumed_run(raw, tmp_path, stop=2)
 
 
 def test_lr_decay_applies_to_local_and_server_rates():

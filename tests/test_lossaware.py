@@ -137,7 +137,7 @@ def test_params_are_validated():
 
 # ----- on real data, through Lightning ----------------------------------------------------------
 
-from conftest import tiny_raw  # noqa: E402
+from conftest import engine_runs, resumed_run, tiny_raw  # noqa: E402
 
 from fedsweep.config import build_config  # noqa: E402
 from fedsweep.run import stability, train  # noqa: E402
@@ -148,19 +148,17 @@ SOFTMAX = {"name": "fedsoftmax", "temperature": 0.5, "weighting": "data", "optim
 @pytest.mark.parametrize("name,params", [("fedsoftmax", SOFTMAX), ("fedmax_k", {"k": 2}),
                                          ("fedmax", {"loss_batch": "minibatch"})])
 def test_engines_agree_and_records_are_kept(name, params):
-    runs = {e: train(build_config({**tiny_raw(algorithm={"name": name, **params}), "engine": e}), progress=False)
-            for e in ENGINES}
-    torch.testing.assert_close(runs["vectorized"].w, runs["loop"].w, rtol=1e-4, atol=1e-5)
-    log = runs["loop"].client_log
+    loop, vec = engine_runs({"algorithm": {"name": name, **params}})
+    log = loop.client_log
     assert [r["round"] for r in log] == [1, 2, 3]
-    for r_loop, r_vec in zip(log, runs["vectorized"].client_log):
+    for r_loop, r_vec in zip(log, vec.client_log):
         assert r_loop["client"] == r_vec["client"] and len(r_loop["alpha"]) == 4
         assert sum(r_loop["alpha"]) == pytest.approx(1.0)
         assert r_loop["alpha"] == pytest.approx(r_vec["alpha"], rel=1e-4, abs=1e-6)
-    h = runs["loop"].history[-1]
+    h = loop.history[-1]
     assert 1.0 <= h["weights/effective_clients"] <= 4.0 and 0 <= h["weights/mean_abs_dev"] <= h["weights/max_abs_dev"]
     fedavg = train(build_config(tiny_raw()), progress=False)
-    assert not torch.allclose(runs["loop"].w, fedavg.w)          # the losses change the aggregation
+    assert not torch.allclose(loop.w, fedavg.w)                  # the losses change the aggregation
 
 
 def test_gen_fedavg_is_fedavg():
@@ -172,10 +170,7 @@ def test_gen_fedavg_is_fedavg():
 
 def test_resume_keeps_running_min_and_client_log(tmp_path):
     raw = tiny_raw(rounds=4, algorithm=SOFTMAX)
-    full = train(build_config(raw), progress=False)
-    train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=2)
-    resumed = train(build_config(raw), progress=False, resume=tmp_path / "last.ckpt")
-    assert torch.equal(resumed.w, full.w)
+    full, resumed, _ = resumed_run(raw, tmp_path, stop=2)
     assert resumed.client_log == full.client_log
     torch.testing.assert_close(resumed.algorithm.fstar, full.algorithm.fstar, rtol=0, atol=0)
 

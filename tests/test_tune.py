@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.config import ConfigError
 from fedsweep.sweep import expand, load_sweep
 
 TINY = {
