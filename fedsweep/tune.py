@@ -192,7 +192,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 return
             self.closed.add(trial.trial_id)
             cfg = RunConfig(**trial.config["trial"]["run"])
-            history, client_log = _history_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
+            history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
             now = int(time.time() * 1000)
             if history:
                 summary = summarize(cfg, history, diverged=status == "diverged")
@@ -221,7 +221,7 @@ class _HistoryOnly:
         self.history, self.client_log = history, list(client_log)
 
 
-def _history_from_checkpoint(path: Path) -> tuple[list[dict], list[dict]]:
+def _records_from_checkpoint(path: Path) -> tuple[list[dict], list[dict]]:
     """(metric history, per-client log) of a trial's checkpoint; empty if there is none."""
     import torch
     if not path.is_file():
