@@ -144,7 +144,7 @@ class FederatedModule(L.LightningModule):
                 self.w.copy_(trained)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        extra = algo.round_metrics(plan)
+        extra = dict(algo.round_metrics(plan))   # ours to extend below
         record = algo.client_record(plan)
         if record:
             self.client_log.append({"round": t + 1, "client": plan.clients.tolist(),
