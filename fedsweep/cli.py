@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no per-evaluation progress lines")
     r.add_argument("--checkpoint-dir", metavar="DIR", help="save DIR/last.ckpt (model, server optimizer, "
                    "algorithm state, round)")
-    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="also save every N rounds")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="also save every N rounds "
+                   "(default 0: only at the end)")
     r.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint")
 
     t = sub.add_parser("tune", help="run a sweep file as Ray Tune trials, each logged to MLflow")
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+# A trial's fedsweep.status values (fedsweep.tune.MLFLOW_STATUS), in the end-of-sweep line.
+STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "interrupted", "running")
+
+
 def _dispatch(args) -> int:
     if args.command in ("run", "config"):
         from fedsweep.config import load_config
@@ -84,7 +89,9 @@ def _dispatch(args) -> int:
         if args.no_mlflow:
             cfg.mlflow.enabled = False
         from fedsweep.data import load_federated  # load (and fail on missing files) before training
-        from fedsweep.run import run
+        from fedsweep.run import preflight, run
+        preflight(cfg, output_json=args.output_json, ckpt_dir=args.checkpoint_dir,   # before loading data
+                  ckpt_every=args.checkpoint_every, resume=args.resume)
         data = load_federated(cfg.data, cfg.seed, server=cfg.server_data)
         summary = run(cfg, data=data, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
@@ -96,10 +103,12 @@ def _dispatch(args) -> int:
         if args.dry_run:
             return 0
         from fedsweep.tracking import ui_command
-        counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items())
-                           if k in ("finished", "diverged", "stopped", "failed", "running"))
-        print(f"sweep done: {counts or 'no trials'}"
-              + (f"; {result['unfinished']} unfinished: continue with --resume" if result["unfinished"] else ""))
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
+        if result["unfinished"]:
+            print(f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
+                  f"{result['trials']} unfinished: continue with --resume")
+        else:
+            print(f"sweep done: {counts or 'no trials'}")
         print(f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}\n"
               f"compare the trials:  {ui_command(result['tracking_uri'])}\n"
               f"report:              fedsweep report {args.sweep}")
@@ -128,11 +137,15 @@ def _dispatch(args) -> int:
             print(f"{name:<14} {text}")
         return 0
     if args.command == "algorithms":
+        import textwrap
+
         from fedsweep.algorithms import available, get_algorithm_class
         for name in available():
             cls = get_algorithm_class(name)
-            doc = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-            print(f"{name:<12} {doc}")
+            # the module docstring's whole first paragraph (it may run over several lines), rewrapped
+            doc = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+            print(textwrap.fill(" ".join(doc.split()), width=100, initial_indent=f"{name:<12} ",
+                                subsequent_indent=" " * 13, break_on_hyphens=False))
             for key, field in cls.Params.model_fields.items():
                 print(f"    algorithm.{key} (default {field.default!r}): {field.description}")
         return 0

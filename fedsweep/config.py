@@ -8,22 +8,21 @@ Bad input raises :class:`ConfigError` with one line that names the dotted key an
 """
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-
-class ConfigError(Exception):
-    """A user error in a config: the message is one line naming the key and what is allowed.
-
-    Not a ValueError on purpose: pydantic would wrap a ValueError raised in a validator into a
-    ValidationError and prefix it; this one propagates with its message intact."""
+from fedsweep.errors import ConfigError  # re-exported: `from fedsweep.config import ConfigError` works
+from fedsweep.registry import get_algorithm_class
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: no option here has a meaning at inf or nan, so `local.lr=inf` is refused by key
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class PartitionConfig(_Strict):
@@ -123,12 +122,19 @@ class AlgorithmConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_params(self) -> "AlgorithmConfig":
-        from fedsweep.algorithms import get_algorithm_class  # late: algorithms import config
         cls = get_algorithm_class(self.name)  # raises ConfigError naming algorithm.name
         extra = dict(self.model_extra or {})
         try:
-            params = cls.Params(**extra)
+            params = _finite_params(cls.Params)(**extra)
         except ValidationError as e:
+            err = e.errors()[0]
+            if err["type"] == "extra_forbidden":
+                # the common keys (name, weighting) and this algorithm's own; the key may belong to another
+                own, common = list(cls.Params.model_fields), ", ".join(type(self).model_fields)
+                allowed = (f"{self.name} takes no parameters (allowed: {common})" if not own else
+                           f"allowed for {self.name}: {common}, {', '.join(own)}")
+                key = ".".join(str(p) for p in err["loc"])
+                raise ConfigError(f"algorithm.{key}: unknown key; {allowed}") from None
             raise ConfigError(format_validation_error(e, prefix="algorithm")) from None
         # Store the validated, defaulted values so model_dump() shows every parameter in effect.
         self.__pydantic_extra__.clear()
@@ -137,8 +143,17 @@ class AlgorithmConfig(BaseModel):
 
     @property
     def params(self):
-        from fedsweep.algorithms import get_algorithm_class
         return get_algorithm_class(self.name).Params(**(self.model_extra or {}))
+
+
+@functools.cache
+def _finite_params(params: type[BaseModel]) -> type[BaseModel]:
+    """``params`` refusing inf and nan in its float fields, as the config's own sections do.
+
+    The algorithms declare plain pydantic models; this subclass (same name, so errors read the same)
+    only adds ``allow_inf_nan=False``, which pydantic checks before the model's own validators run."""
+    return type(params.__name__, (params,), {"__module__": params.__module__, "__doc__": params.__doc__,
+                                             "model_config": ConfigDict(allow_inf_nan=False)})
 
 
 class ServerDataConfig(_Strict):
@@ -225,7 +240,7 @@ class RunConfig(_Strict):
             raise ConfigError(f"heterogeneity.trace: file not found: {h.trace}")
         sd = self.server_data
         if (sd.fraction == 0 and sd.size is None) and getattr(
-                _algorithm_class(self.algorithm.name), "needs_server_data", False):
+                get_algorithm_class(self.algorithm.name), "needs_server_data", False):
             raise ConfigError(f"server_data.fraction: algorithm {self.algorithm.name!r} trains on server data; "
                               f"set server_data.fraction > 0 (FedCLG: 0.01-0.1) or server_data.size")
         if self.data.name in ("mnist", "fashion_mnist", "cifar10", "cifar100") and not self.data.root:
@@ -237,11 +252,6 @@ class RunConfig(_Strict):
     def flat(self) -> dict[str, Any]:
         """Flattened `a.b.c -> value` view (MLflow params, sweep keys)."""
         return flatten(self.model_dump(mode="json"))
-
-
-def _algorithm_class(name: str):
-    from fedsweep.algorithms import get_algorithm_class  # late: algorithms import config
-    return get_algorithm_class(name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +299,8 @@ def format_validation_error(e: ValidationError, prefix: str = "") -> str:
     key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(e, err))}"
+        allowed = _allowed_keys(e, err)
+        return f"{key}: unknown key; allowed here: {', '.join(allowed)}" if allowed else f"{key}: unknown key"
     if kind == "literal_error":
         return f"{key}: {err.get('input')!r} is not allowed; {msg[0].lower() + msg[1:]}"
     if kind == "value_error" and msg.startswith("Value error, "):
@@ -326,7 +337,7 @@ register_models(RunConfig, DataConfig, PartitionConfig, SyntheticConfig, ModelCo
 
 def build_config(raw: dict | None, overrides: list[str] | None = None) -> RunConfig:
     """Validate a raw dict (plus ``key=value`` overrides) into a RunConfig, or raise ConfigError."""
-    raw = dict(raw or {})
+    raw = copy.deepcopy(raw or {})   # overrides write into nested sections: never into the caller's
     for text in overrides or []:
         key, value = parse_override(text)
         set_dotted(raw, key, value)

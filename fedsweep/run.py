@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
+import os
 import sys
 import tempfile
 import time
@@ -14,7 +16,7 @@ import numpy as np
 import torch
 import yaml
 
-from fedsweep.config import ConfigError, RunConfig
+from fedsweep.config import ConfigError, RunConfig, flatten
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
@@ -56,6 +58,7 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
         return float(sum(h[key] for h in rows))
     return {
         "status": "diverged" if diverged else "finished",
+        "diverged_round": history[-1]["round"] if diverged and history else None,
         "best_test_accuracy": max((h["test/accuracy"] for h in evals), default=None),
         "final_test_accuracy": evals[-1]["test/accuracy"] if evals else None,
         "final_test_loss": evals[-1]["test/loss"] if evals else None,
@@ -72,6 +75,13 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
     }
 
 
+def summary_json(summary: dict) -> str:
+    """The summary as strict JSON: a NaN or infinite number (a diverged run's loss) becomes null."""
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return json.dumps({k: clean(v) for k, v in summary.items()}, indent=2, allow_nan=False)
+
+
 def format_summary(summary: dict) -> str:
     def fmt(v):
         if v is None:
@@ -79,7 +89,10 @@ def format_summary(summary: dict) -> str:
         if isinstance(v, float):
             return f"{v:.4f}" if abs(v) < 10 else f"{v:,.1f}"
         return str(v)
-    rows = [("status", summary["status"]),
+    status = summary["status"]
+    if summary.get("diverged_round") is not None:
+        status = f"diverged at round {summary['diverged_round']}"
+    rows = [("status", status),
             ("best test accuracy", summary["best_test_accuracy"]),
             ("final test accuracy", summary["final_test_accuracy"]),
             (f"rounds to target ({fmt(summary['target_accuracy'])})", summary["rounds_to_target"]),
@@ -141,6 +154,82 @@ def quiet_logs() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
 
+# The config keys a resumed run must share with its checkpoint: they fix the shapes of the saved
+# state (per-client algorithm state, the server optimizer's) or what the run is.
+RESUME_KEYS = ("data.name", "data.num_clients", "model.name", "algorithm.name", "server.optimizer")
+
+
+def check_checkpoint(path: str | Path, module, key: str = "--resume") -> None:
+    """``path`` is a fedsweep checkpoint that ``module`` (built from this run's config) can resume.
+
+    One-line :class:`ConfigError` naming ``key`` if the file is empty, truncated or damaged, not a
+    fedsweep checkpoint, or from another config (a key of ``RESUME_KEYS`` differs, or the model has
+    another parameter count). Loads with ``weights_only=True, mmap=True``: tensor data is mapped, not
+    read, so the check costs a few ms whatever the checkpoint's size (Lightning then loads it again)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if size < 4:
+        what = "empty file" if not size else f"{size} bytes"
+        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint ({what})")
+    if magic != b"PK\x03\x04":
+        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (not a zip archive as torch.save writes)")
+    import pickle
+    import zipfile
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint (its zip archive has no end: "
+                          f"the file was cut short)")
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (it holds Python objects, not only "
+                          f"tensors and plain data)") from None
+    except Exception as e:   # zip/storage read errors come as OSError, RuntimeError, KeyError, EOFError
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")[:160]
+        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint ({reason})") from None
+    state = ckpt.get("fedsweep") if isinstance(ckpt, dict) else None
+    weights = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
+    w = weights.get("w") if isinstance(weights, dict) else None
+    if not isinstance(state, dict) or not isinstance(w, torch.Tensor):
+        has = ", ".join(map(str, list(ckpt)[:6])) or "nothing" if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (no fedsweep state; it holds: {has})")
+    saved = flatten(state["config"]) if isinstance(state.get("config"), dict) else {}
+    here = module.cfg.flat()
+    diff = [k for k in RESUME_KEYS if k in saved and saved[k] != here[k]]
+    if w.numel() != module.w.numel():   # name the model keys that differ, if the checkpoint says
+        diff += [k for k in here if k.startswith("model.") and k not in diff and saved.get(k, here[k]) != here[k]]
+        if not diff:
+            raise ConfigError(f"{key} {path}: the checkpoint does not match this config (its model has "
+                              f"{w.numel()} parameters, this one {module.w.numel()})")
+    if diff:
+        said = ", ".join(f"{k}: {saved[k]!r} in the checkpoint, {here[k]!r} here" for k in diff)
+        raise ConfigError(f"{key} {path}: the checkpoint does not match this config ({said})")
+
+
+def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir: str | Path | None = None,
+              ckpt_every: int = 0, resume: str | Path | None = None) -> str | None:
+    """What :func:`run` checks before any work: options, output locations, the MLflow store.
+
+    One-line :class:`ConfigError` on the first problem; writes nothing. Returns the resolved tracking
+    URI (None without MLflow). A ``resume`` checkpoint's content is checked by :func:`train` (it
+    needs the built model). Cost: ~1 ms for a local sqlite store, one HTTP round trip for a server
+    (up to 5 s when none answers)."""
+    from fedsweep.paths import check_writable_dir, check_writable_file
+    from fedsweep.tracking import check_store
+    if ckpt_every < 0:
+        raise ConfigError(f"--checkpoint-every: must be 0 or more (0: save only at the end), got {ckpt_every}")
+    if ckpt_every and ckpt_dir is None:
+        raise ConfigError("--checkpoint-every: needs --checkpoint-dir (where to save)")
+    if resume is not None and not Path(resume).is_file():
+        raise ConfigError(f"--resume: checkpoint not found: {resume}")
+    if output_json is not None:
+        check_writable_file(output_json, "--output-json")
+    if ckpt_dir is not None:
+        check_writable_dir(ckpt_dir, "--checkpoint-dir")
+    return check_store(cfg.mlflow.tracking_uri) if cfg.mlflow.enabled else None
+
+
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
           resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None):
     """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
@@ -152,6 +241,8 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     if resume is not None and not Path(resume).is_file():
         raise ConfigError(f"--resume: checkpoint not found: {resume}")
     module = FederatedModule(cfg, data=data)
+    if resume is not None:
+        check_checkpoint(resume, module)
     if progress:
         print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
               f"{cfg.rounds} rounds, {cfg.engine} engine on {accelerator}", file=sys.stderr, flush=True)
@@ -195,7 +286,7 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> P
             writer.writerow(["round", *cols])
             for r in log:
                 writer.writerows([r["round"], *row] for row in zip(*(r[c] for c in cols)))
-    (directory / "summary.json").write_text(json.dumps(summary, indent=2))
+    (directory / "summary.json").write_text(summary_json(summary))
     curves_png(module.history, directory / "curves.png", title=f"{cfg.algorithm.name} on {cfg.data.name}")
     if cfg.mlflow.log_model:
         net = module.fmodel.load_into(module.w.detach())
@@ -205,8 +296,10 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> P
 
 def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool = True,
         ckpt_dir=None, ckpt_every: int = 0, resume=None, max_rounds=None, data=None, out=None) -> dict:
-    """Train, summarise, log to MLflow; returns the summary (also written to ``output_json``)."""
-    from fedsweep.tracking import log_run, resolve_tracking_uri, ui_command
+    """Check (:func:`preflight`), train, summarise, log to MLflow; returns the summary (also written
+    to ``output_json``, its folders created, before MLflow is written and again with the run id)."""
+    from fedsweep.tracking import log_run, ui_command
+    uri = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
     out = out or sys.stdout
     t0 = time.perf_counter()
     module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
@@ -214,14 +307,19 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
     summary = summarize(cfg, module.history, module.diverged)
     summary["wall_seconds"] = time.perf_counter() - t0
     print(format_summary(summary), file=out)
+    if output_json is not None:   # before MLflow: a store that fails now does not lose the summary
+        Path(output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(output_json).write_text(summary_json(summary))
     if cfg.mlflow.enabled:
-        uri = resolve_tracking_uri(cfg.mlflow.tracking_uri)
+        if uri.startswith(("http://", "https://")):   # a server gone since the check: fail in seconds,
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
         with tempfile.TemporaryDirectory() as tmp:
             write_artifacts(cfg, module, summary, Path(tmp))
             run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri)
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
               f"open it with:  {ui_command(uri)}", file=out)
-    if output_json is not None:
-        Path(output_json).write_text(json.dumps(summary, indent=2))
+        if output_json is not None:
+            Path(output_json).write_text(summary_json(summary))
     return summary

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,13 +20,19 @@ from fedsweep.config import (ConfigError, RunConfig, build_config, format_valida
                              register_models, set_dotted)
 
 
+#: What every trial reports to Tune at each evaluation (``TuneReporter.report`` in tune.py), so what a
+#: scheduler may read; ``round`` is reported too, as the scheduler's time axis.
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy")
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
-    metric: str = Field("test/accuracy", description="Metric reported at each evaluation.")
+    metric: str = Field("test/accuracy", description="Metric reported at each evaluation: "
+                        + ", ".join(TUNE_METRICS) + ".")
     mode: Literal["max", "min"] = Field("max", description="Whether larger `metric` is better.")
     grace_period: int = Field(10, ge=1, description="Rounds before a trial may be stopped.")
     reduction_factor: float = Field(3.0, gt=1, description="ASHA's η: keep the top 1/η at each rung.")
@@ -55,12 +62,16 @@ class ReportConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    name: str | None = Field(None, description="Sweep name (default: the file name without .yaml).")
+    name: str | None = Field(
+        None, description="Sweep name (default: the file name without .yaml): one path component of letters, "
+        "digits, `.`, `_` and `-`, starting with a letter or digit (it names the sweep's folder under --storage, "
+        "its lock and its MLflow experiment).")
     base: dict[str, Any] = Field(default_factory=dict, description="A full run config.")
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted keys -> values, crossed.")
     methods: dict[str, dict[str, list[Any]]] | None = Field(
         None, description="Algorithm name -> its own grid, crossed with `grid`.")
-    seeds: list[int] | None = Field(None, description="Repeats of every config (default: [base.seed]).")
+    seeds: list[int] | None = Field(
+        None, min_length=1, description="Repeats of every config (default: [base.seed]); not empty.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: what resources allow).")
     max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
@@ -69,6 +80,11 @@ class SweepConfig(_Strict):
     mlflow: SweepMlflowConfig = Field(default_factory=SweepMlflowConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
 
+
+# The name becomes a folder under --storage (deleted by --restart) and a lock file: one path
+# component, never `..`, `/` or a leading dot.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+NAME_RULE = "allowed: 1-100 letters, digits, '.', '_' and '-', starting with a letter or digit"
 
 register_models(SweepConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
 
@@ -109,9 +125,18 @@ def load_sweep(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{path}: {format_validation_error(e)}") from None
     if sweep.name is None:
         sweep.name = Path(path).stem
+        if not SAFE_NAME.fullmatch(sweep.name):
+            raise ConfigError(f"{path}: name: the file name {sweep.name!r} cannot name a sweep folder; set `name:` "
+                              f"({NAME_RULE})")
+    elif not SAFE_NAME.fullmatch(sweep.name):
+        raise ConfigError(f"{path}: name: {sweep.name!r} is not allowed; {NAME_RULE}")
     for key, values in {**sweep.grid, **{k: v for g in (sweep.methods or {}).values() for k, v in g.items()}}.items():
         if not values:
             raise ConfigError(f"{path}: grid key {key}: empty list of values")
+    if sweep.scheduler is not None and sweep.scheduler.metric not in TUNE_METRICS:
+        # Ray would only refuse it in every trial, after the sweep has started
+        raise ConfigError(f"{path}: scheduler.metric: {sweep.scheduler.metric!r} is not a metric trials report; "
+                          f"allowed: {', '.join(TUNE_METRICS)}")
     return sweep
 
 
@@ -120,7 +145,7 @@ def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
     base_algo = dict(sweep.base.get("algorithm") or {})
     base_name = base_algo.get("name", "fedavg")
     methods = sweep.methods or {base_name: {}}
-    seeds = sweep.seeds or [int(sweep.base.get("seed", 0))]
+    seeds = sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))]
     trials: list[Trial] = []
     for method, method_grid in methods.items():
         for point in _product(sweep.grid):

@@ -3,15 +3,18 @@
 Store resolution (as every MLflow tool does it, plus a working default):
 ``mlflow.tracking_uri`` in the config, else ``$MLFLOW_TRACKING_URI``, else the sqlite store
 ``sqlite:///<cwd>/mlflow.db`` (MLflow 3.17 refuses the old ``./mlruns`` file store by default).
-Artifacts of a sqlite store live beside it in ``mlartifacts/``.
+Artifacts of a sqlite store live beside it in ``mlartifacts/``. :func:`check_store` checks, before
+any training, that the store can take the run (MLflow itself would fail, or retry for minutes, only
+when the finished run is logged).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
 
-from fedsweep.config import RunConfig
+from fedsweep.config import ConfigError, RunConfig
 
 DEFAULT_DB = "mlflow.db"
 
@@ -25,6 +28,132 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri
 
 
+def _source(uri: str | None) -> str:
+    """Where an unresolved tracking URI comes from, for error messages."""
+    if uri:
+        return "mlflow.tracking_uri"
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return "mlflow.tracking_uri (from $MLFLOW_TRACKING_URI)"
+    return "mlflow.tracking_uri (default)"
+
+
+@functools.lru_cache(maxsize=1)
+def _mlflow_schema_head() -> str | None:
+    """The installed MLflow's newest sqlite schema revision, read from its migration scripts'
+    ``revision``/``down_revision`` lines (a few ms; importing MLflow's own helper costs ~3 s).
+    None when that cannot be worked out: the schema is then not checked."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    versions = Path(spec.submodule_search_locations[0]) / "store" / "db_migrations" / "versions"
+    revs, downs = set(), set()
+    for f in versions.glob("*.py"):
+        text = f.read_text(errors="replace")
+        rev = re.search(r'^revision\s*=\s*["\']([0-9a-f]+)["\']', text, re.M)
+        down = re.search(r'^down_revision\s*=\s*(.*)$', text, re.M)
+        if rev:
+            revs.add(rev.group(1))
+            downs.update(re.findall(r"[0-9a-f]{6,}", down.group(1) if down else ""))
+    heads = revs - downs
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _check_sqlite(uri: str, key: str) -> None:
+    from fedsweep.paths import _dir_problem
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return
+    db = Path(path)
+    problem = _dir_problem(db.parent)
+    if problem:
+        raise ConfigError(f"{key} {uri}: cannot create the store there: {problem}")
+    arts = db.parent / "mlartifacts"
+    if os.path.lexists(arts) and not arts.is_dir():
+        raise ConfigError(f"{key} {uri}: the artifacts folder {arts} is a file, not a folder")
+    if arts.is_dir() and not os.access(arts, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key} {uri}: the artifacts folder {arts} is not writable")
+    if not os.path.lexists(db):
+        return   # MLflow creates the folder and the store (~2 s) when the run is logged
+    if db.is_dir():
+        raise ConfigError(f"{key} {uri}: {db} is a folder, not a sqlite database file")
+    if not os.access(db, os.R_OK | os.W_OK):
+        raise ConfigError(f"{key} {uri}: the database {db} is not writable")
+    with open(db, "rb") as f:
+        header = f.read(16)
+    if not header:
+        return   # an empty file is an empty sqlite database: MLflow creates its tables
+    if header != b"SQLite format 3\x00":
+        raise ConfigError(f"{key} {uri}: {db} is not a sqlite database")
+    import sqlite3
+    try:
+        con = sqlite3.connect(str(db), timeout=5)   # not mode=ro: that cannot roll back a hot journal
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            found = (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0] \
+                if {"alembic_version", "experiments"} <= tables else None
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise ConfigError(f"{key} {uri}: cannot read the database {db} ({e})") from None
+    head = _mlflow_schema_head() if found else None
+    if head and found != head:
+        raise ConfigError(f"{key} {uri}: the store's schema ({found}) is not this MLflow's ({head}); "
+                          f"back it up, then run: mlflow db upgrade {uri}")
+
+
+def _check_http(uri: str, key: str, timeout: float) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return   # it answers (an auth wall or a proxy path prefix may give 401/404): a server is there
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLError):
+            return   # a TLS server answers; its certificates are MLflow's business
+        raise ConfigError(f"{key} {uri}: no MLflow server answers there ({reason}); start one "
+                          f"(mlflow server --backend-store-uri sqlite:///$PWD/mlflow.db --host 127.0.0.1 "
+                          f"--port 5000, or mlflow ui), or use a sqlite:/// store") from None
+
+
+def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None = None) -> str:
+    """Check before any work that runs can be logged to the tracking store; returns the resolved URI.
+
+    ``uri`` is resolved as :func:`resolve_tracking_uri` does (None: ``$MLFLOW_TRACKING_URI``, else the
+    default sqlite store). Raises :class:`~fedsweep.config.ConfigError` with one line naming ``key``
+    (default: ``mlflow.tracking_uri`` and where the URI came from) and the URI when:
+
+    - ``sqlite:///PATH``: PATH's folder is not, and cannot be made, a writable folder (a regular file
+      in the way); ``mlartifacts/`` beside it is a file or not writable; PATH exists but is a folder,
+      not writable, not a sqlite database, or an MLflow store of another schema version (which
+      MLflow refuses with ``mlflow db upgrade``). Writes nothing: a missing store is created by MLflow
+      when the run is logged. ~1 ms for an existing store (+ ~5 ms for the schema check).
+    - ``http(s)://``: nothing answers ``GET <uri>/health`` within ``timeout`` seconds (MLflow's own
+      client would retry for minutes). Any HTTP answer, even an error status, passes.
+    - ``file:``: MLflow 3.17 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
+
+    Other schemes (databricks, postgresql, ...) are left to MLflow.
+    """
+    key = key or _source(uri)
+    resolved = resolve_tracking_uri(uri)
+    scheme = resolved.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        if resolved.startswith("sqlite:///"):
+            _check_sqlite(resolved, key)
+    elif scheme in ("http", "https"):
+        _check_http(resolved, key, timeout)
+    elif scheme == "file":
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
+            raise ConfigError(f"{key} {resolved}: MLflow 3.17 refuses the file store; use "
+                              f"sqlite:////abs/path/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
+    return resolved
+
+
 def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
 
@@ -36,6 +165,19 @@ def _artifact_root(uri: str) -> str | None:
 
 
 def get_or_create_experiment(client, name: str, uri: str) -> str:
+    """The experiment's id, created if missing. The first touch of a fresh sqlite store creates its
+    schema (alembic migrations, ~2 s); two processes doing that at once fail in the migration, and
+    two creating one experiment hit its unique name: both happen under a lock on the store's folder."""
+    from fedsweep.locks import store_lock
+    if not uri.startswith("sqlite:///"):
+        return _get_or_create(client, name, uri)
+    folder = Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with store_lock(folder):
+        return _get_or_create(client, name, uri)
+
+
+def _get_or_create(client, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -44,14 +186,31 @@ def get_or_create_experiment(client, name: str, uri: str) -> str:
 
 
 def metrics_of(history: list[dict], timestamp_ms: int):
-    """MLflow Metric records for every round (step = rounds completed); NaN/inf are dropped."""
+    """MLflow Metric records for every round (step = rounds completed). NaN and ±inf are logged as
+    they are (MLflow stores them): a diverged run shows its loss up to and at the round it diverged."""
     from mlflow.entities import Metric
-    out = []
-    for h in history:
-        for k, v in h.items():
-            if k != "round" and v is not None and math.isfinite(float(v)):
-                out.append(Metric(k, float(v), timestamp_ms, int(h["round"])))
+    return [Metric(k, float(v), timestamp_ms, int(h["round"]))
+            for h in history for k, v in h.items() if k != "round" and v is not None]
+
+
+def summary_metrics(summary: dict, timestamp_ms: int):
+    """The summary's finite numbers as ``summary/<key>`` metrics, plus ``best/test_accuracy`` and
+    ``rounds_to_target`` (DESIGN.md §5 names) where they exist."""
+    from mlflow.entities import Metric
+    out = [Metric(f"summary/{k}", float(v), timestamp_ms, 0) for k, v in summary.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
+    for key, name in (("best_test_accuracy", "best/test_accuracy"), ("rounds_to_target", "rounds_to_target")):
+        if summary.get(key) is not None:
+            out.append(Metric(name, float(summary[key]), timestamp_ms, 0))
     return out
+
+
+def run_tags(summary: dict) -> dict[str, str]:
+    """``fedsweep.status`` and, for a diverged run, ``fedsweep.diverged_round``."""
+    tags = {"fedsweep.status": summary.get("status", "finished")}
+    if summary.get("diverged_round") is not None:
+        tags["fedsweep.diverged_round"] = str(summary["diverged_round"])
+    return tags
 
 
 def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: Path,
@@ -60,30 +219,23 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     import time
 
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Param, RunTag
 
     uri = resolve_tracking_uri(uri or cfg.mlflow.tracking_uri)
     client = MlflowClient(tracking_uri=uri)
     exp_id = get_or_create_experiment(client, cfg.mlflow.experiment, uri)
     name = cfg.mlflow.run_name or f"{cfg.algorithm.name}-seed{cfg.seed}"
-    run = client.create_run(exp_id, run_name=name, tags={"fedsweep.status": summary.get("status", "finished"),
-                                                         **(tags or {})})
+    run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
     rid = run.info.run_id
     now = int(time.time() * 1000)
     params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items()]
     for i in range(0, len(params), 100):
         client.log_batch(rid, params=params[i:i + 100])
-    metrics = metrics_of(history, now)
-    metrics += [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
-    metrics += [Metric("best/test_accuracy", float(summary["best_test_accuracy"]), now, 0)] \
-        if summary.get("best_test_accuracy") is not None else []
-    if summary.get("rounds_to_target") is not None:
-        metrics.append(Metric("rounds_to_target", float(summary["rounds_to_target"]), now, 0))
+    metrics = metrics_of(history, now) + summary_metrics(summary, now)
     for i in range(0, len(metrics), 1000):
         client.log_batch(rid, metrics=metrics[i:i + 1000])
     client.log_batch(rid, tags=[RunTag("fedsweep.algorithm", cfg.algorithm.name)])
     client.log_artifacts(rid, str(artifacts_dir))
-    status = "FINISHED" if summary.get("status", "finished") in ("finished", "diverged") else "FAILED"
-    client.set_terminated(rid, status=status)
+    # A diverged run is FAILED, so the MLflow UI's status column tells it from a usable one.
+    client.set_terminated(rid, status="FINISHED" if summary.get("status", "finished") == "finished" else "FAILED")
     return rid

@@ -30,6 +30,12 @@ from fedsweep.config import ConfigError, RunConfig
 from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, trial_table
 
 STATE_FILE = "fedsweep_sweep.json"
+# A trial's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged trial ran to
+# its end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
+# interrupted one (Ctrl-C) is KILLED until `--resume` reopens it.
+MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
+                 "interrupted": "KILLED"}
+FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +147,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     # Done before an interruption that Tune's last snapshot did not see: Tune
                     # replays the trial from its final checkpoint; its run must stay as it is.
                     self.closed.add(trial.trial_id)
-                elif status == "failed":       # `--resume` retries errored trials: reopen the run
+                elif status in ("failed", "interrupted"):   # `--resume` retries them: reopen the run
                     self.client.set_tag(run_id, "fedsweep.status", "running")
                     self.client.update_run(run_id, status="RUNNING")
                 history = self.client.get_metric_history(run_id, "train/loss")
@@ -176,40 +182,34 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self.logged[trial.trial_id] = rows[-1]["round"]
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            last = trial.last_result or {}
-            status = last.get("status", "stopped") if last.get("fedsweep_done") else "stopped"
-            self._finish(trial, status, "FINISHED")
+            self._finish(trial, completed_status(trial))
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self._finish(trial, "failed", "FAILED")
+            self._finish(trial, "failed")
 
-        def _finish(self, trial, status: str, mlflow_status: str):
-            from mlflow.entities import Metric, RunTag
+        def _finish(self, trial, status: str):
+            from mlflow.entities import RunTag
 
             from fedsweep.run import summarize, write_artifacts
+            from fedsweep.tracking import run_tags, summary_metrics
             run_id = self._run_for(trial)
             if trial.trial_id in self.closed:
                 return
             self.closed.add(trial.trial_id)
             cfg = RunConfig(**trial.config["trial"]["run"])
             history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
-            now = int(time.time() * 1000)
+            tags = {"fedsweep.status": status}
             if history:
                 summary = summarize(cfg, history, diverged=status == "diverged")
                 summary["status"] = status
-                metrics = [Metric(f"summary/{k}", float(v), now, 0) for k, v in summary.items()
-                           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
-                if summary["best_test_accuracy"] is not None:
-                    metrics.append(Metric("best/test_accuracy", float(summary["best_test_accuracy"]), now, 0))
-                if summary["rounds_to_target"] is not None:
-                    metrics.append(Metric("rounds_to_target", float(summary["rounds_to_target"]), now, 0))
-                self.client.log_batch(run_id, metrics=metrics)
+                self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
                 with tempfile.TemporaryDirectory() as tmp:
                     write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})}),
                                     _HistoryOnly(history, client_log), summary, Path(tmp))
                     self.client.log_artifacts(run_id, tmp)
-            self.client.log_batch(run_id, tags=[RunTag("fedsweep.status", status)])
-            self.client.set_terminated(run_id, status=mlflow_status)
+                tags = run_tags(summary)
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
 
     return MlflowTrials()
 
@@ -230,27 +230,41 @@ def _records_from_checkpoint(path: Path) -> tuple[list[dict], list[dict]]:
     return list(state["history"]), list(state.get("client_log", []))
 
 
+def completed_status(trial) -> str:
+    """How a trial that completed ended: its final report's status (finished or diverged), else
+    ``stopped`` (a scheduler ended it before its last round)."""
+    last = trial.last_result or {}
+    return last.get("status", "stopped") if last.get("fedsweep_done") else "stopped"
+
+
+def trial_status(trial) -> str:
+    """fedsweep's word for where a Tune trial stands: pending, running, finished, diverged, stopped
+    or failed."""
+    if trial.status == "TERMINATED":
+        return completed_status(trial)
+    return "failed" if trial.status == "ERROR" else trial.status.lower()
+
+
 def make_progress_callback(total: int, stream=None):
-    """A live view of the sweep: one line per finished trial and a status line every 10 s."""
+    """A live view of the whole sweep: one line per finished trial and a status line every 10 s.
+    Counts come from Tune's list of every trial, so a resumed sweep counts what ran before too."""
     from ray import tune
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best, self.state, self.last_print = total, None, {}, 0.0
+            self.total, self.best, self.last_print = total, None, 0.0
 
-        def _line(self) -> str:
+        def _line(self, trials) -> str:
             counts: dict[str, int] = {}
-            for s in self.state.values():
+            for t in trials:
+                s = trial_status(t)
                 counts[s] = counts.get(s, 0) + 1
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
-            return f"[sweep] {sum(counts.values())}/{self.total} started: {', '.join(parts)}{best}"
+            return f"[sweep] {self.total} trials: {', '.join(parts)}{best}"
 
         def _print(self, text):
             print(text, file=stream or sys.stderr, flush=True)
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.state[trial.trial_id] = "running"
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             acc = result.get("best/test_accuracy")
@@ -258,22 +272,19 @@ def make_progress_callback(total: int, stream=None):
                 self.best = (acc, trial.config["trial"]["label"])
             if time.time() - self.last_print > 10:
                 self.last_print = time.time()
-                self._print(self._line())
+                self._print(self._line(trials))
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             last = trial.last_result or {}
-            status = last.get("status", "stopped") if last.get("fedsweep_done") else "stopped"
-            self.state[trial.trial_id] = status
             acc = last.get("best/test_accuracy", float("nan"))
-            self._print(f"[{status}] {trial.config['trial']['label']}: best acc {acc:.4f} "
+            self._print(f"[{completed_status(trial)}] {trial.config['trial']['label']}: best acc {acc:.4f} "
                         f"after {last.get('round', 0)} rounds")
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self.state[trial.trial_id] = "failed"
             self._print(f"[failed] {trial.config['trial']['label']} (see {trial.local_path})")
 
         def on_experiment_end(self, trials, **info):
-            self._print(self._line())
+            self._print(self._line(trials))
 
     return Progress()
 
@@ -300,44 +311,25 @@ def storage_dir(sweep: SweepConfig, root: str | Path | None = None) -> Path:
     return (Path(root) if root else Path.cwd() / "fedsweep_runs").resolve()
 
 
-def _init_ray(address: str | None, num_cpus: int | None = None):
-    import logging
-
-    import ray
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # Small trials checkpoint often; Ray warns about snapshot frequency on every one of them.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    for name in ("ray", "ray.tune", "ray.train"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")
-    if address:
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except Exception as e:  # noqa: BLE001 - shown to the user in one line
-            raise ConfigError(f"--address {address}: cannot connect to the Ray cluster ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    else:
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
-                 logging_level=logging.ERROR)
-
-
-def _check_reachable(address: str, timeout: float = 3.0) -> None:
-    """Fail in seconds, in one line, where Ray itself would retry a dead address for minutes."""
-    import socket
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address {address}: expected HOST:PORT, e.g. 127.0.0.1:6379")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise ConfigError(f"--address {address}: no Ray head answers there ({e.strerror or e}); start one "
-                          f"with `ray start --head --port {port}`") from None
+def _discard(exp_dir: Path, state_path: Path) -> None:
+    """Delete a finished or restarted sweep's folder, and only a folder fedsweep made: its state
+    file must be inside. Anything else under that name is the user's, and is left alone."""
+    if not state_path.is_file():
+        raise ConfigError(f"{exp_dir} exists and was not made by fedsweep (no {STATE_FILE} inside); it is left "
+                          "as it is: give the sweep another `name`, or another --storage")
+    shutil.rmtree(exp_dir)
 
 
 def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False, address: str | None = None,
                dry_run: bool = False, storage: str | Path | None = None, out=None) -> dict:
-    """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id."""
+    """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id.
+
+    Everything that can be checked is checked before anything is written: the sweep file, the
+    cluster (reachable, same authentication mode), the storage folder and the MLflow store. A
+    second driver of a running sweep is refused (:class:`~fedsweep.locks.SweepLock`); one that
+    finds the lock of a killed driver ends what that driver's local Ray instance left running."""
+    from fedsweep.paths import check_writable_dir
+    from fedsweep.tracking import check_store
     out = out or sys.stdout
     sweep = load_sweep(path)
     trials = expand(sweep, source=str(path))
@@ -348,57 +340,71 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         return {"trials": len(trials)}
 
     if address:
-        _check_reachable(address)   # before anything is created
-    from fedsweep.run import quiet_logs
-    from fedsweep.tracking import get_or_create_experiment, resolve_tracking_uri
-    quiet_logs()
+        from fedsweep.cluster import auth_mode, check_auth
+        check_auth(address, *auth_mode())              # reachable, and in the head's auth mode
     root = storage_dir(sweep, storage)
+    check_writable_dir(root, "--storage")
+    uri = check_store(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
     if resume and not state_path.is_file():
         raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root}")
-    if not resume and exp_dir.exists():
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-        if state.get("finished") or restart:
-            shutil.rmtree(exp_dir)
-        else:
-            raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
-                              f"--resume, or start over with --restart")
 
+    from fedsweep.locks import SweepLock, end_leftovers
+    with SweepLock(root / f"{sweep.name}.lock", sweep.name) as lock:
+        stale = lock.acquire()
+        ended = end_leftovers(stale) if stale else []
+        if ended:
+            print(f"ended {len(ended)} Ray processes left by a killed fedsweep driver (pid {stale.get('pid')})",
+                  file=sys.stderr)
+        if not resume and exp_dir.exists():
+            state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+            if state.get("finished") or restart or not state_path.is_file():
+                _discard(exp_dir, state_path)          # refuses a folder that is not a fedsweep sweep's
+            else:
+                raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
+                                  f"--resume, or start over with --restart")
+        return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, lock=lock)
+
+
+def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
+               address: str | None, lock) -> dict:
     from mlflow import MlflowClient
-    uri = resolve_tracking_uri(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
-    client = MlflowClient(tracking_uri=uri)
-    experiment = sweep.mlflow.experiment or sweep.name
-    exp_id = get_or_create_experiment(client, experiment, uri)
 
-    import ray
-    from ray import tune
-    _init_ray(address)
-    try:
+    from fedsweep.cluster import ray_session
+    from fedsweep.run import quiet_logs
+    from fedsweep.tracking import get_or_create_experiment
+    quiet_logs()
+    exp_dir = root / sweep.name
+    state_path = exp_dir / STATE_FILE
+    with ray_session(address) as session:
+        lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
+        from ray import tune
+        client = MlflowClient(tracking_uri=uri)
+        experiment = sweep.mlflow.experiment or sweep.name
+        exp_id = get_or_create_experiment(client, experiment, uri)
         if resume:
             state = json.loads(state_path.read_text())
             parent_id = state["parent_run_id"]
             client.set_terminated(parent_id, status="RUNNING")
             tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep), resume_errored=True)
         else:
-            parent_id = _create_parent(client, exp_id, sweep, trials, Path(path))
+            parent_id = _create_parent(client, exp_id, sweep, trials, path)
             exp_dir.mkdir(parents=True, exist_ok=True)
             state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
                                               "experiment": experiment, "finished": False}))
             tuner = _new_tuner(sweep, trials, root, uri, exp_id, parent_id)
         print(f"{sweep.name}: {len(trials)} trials; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
-        results = tuner.fit()
+        tuner.fit()
+        interrupted = _close_interrupted(client, exp_id, parent_id)
         counts = _outcomes(client, exp_id, parent_id)
-        finished = results.num_terminated >= len(trials) and not results.num_errors
-        unfinished = len(trials) - results.num_terminated - results.num_errors
+        unfinished = max(len(trials) - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
         state = json.loads(state_path.read_text())
-        state["finished"] = unfinished <= 0
+        state["finished"] = unfinished == 0
         state_path.write_text(json.dumps(state))
-        client.set_terminated(parent_id, status="FINISHED" if unfinished <= 0 else "KILLED")
+        client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
         return {"trials": len(trials), "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-                "unfinished": max(unfinished, 0), "complete": finished, **counts}
-    finally:
-        ray.shutdown()
+                "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
 def _trainable(sweep: SweepConfig):
@@ -441,6 +447,17 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))
     return run.info.run_id
+
+
+def _close_interrupted(client, exp_id: str, parent_id: str) -> int:
+    """After Ctrl-C: trials still open become KILLED (tag ``interrupted``); ``--resume`` reopens them."""
+    from mlflow.entities import RunTag
+    runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}' and "
+                              "tags.`fedsweep.status` = 'running'", max_results=50_000)
+    for r in runs:
+        client.log_batch(r.info.run_id, tags=[RunTag("fedsweep.status", "interrupted")])
+        client.set_terminated(r.info.run_id, status=MLFLOW_STATUS["interrupted"])
+    return len(runs)
 
 
 def _outcomes(client, exp_id: str, parent_id: str) -> dict[str, int]:

@@ -79,3 +79,26 @@ def test_bench_json(tmp_path):
     assert main(["bench", "--clients", "2", "--models", "mlp", "--rounds", "1", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["clients_per_round"] == 2 and row["speedup"] > 0
+
+
+def test_switching_algorithm_names_the_stale_key_and_what_is_allowed(tmp_path, capsys):
+    path = write(tmp_path, tiny_raw(algorithm={"name": "fedlga", "grad_source": "last"}))
+    assert main(["config", path, "--set", "algorithm.name=fedavg"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fedsweep: error: algorithm.grad_source: unknown key; fedavg takes no parameters "
+                   "(allowed: name, weighting)")
+    assert main(["config", path, "--set", "algorithm.name=fedprox"]) == 2
+    assert capsys.readouterr().err.strip().endswith("unknown key; allowed for fedprox: name, weighting, mu")
+
+
+def test_algorithms_lists_each_family_with_its_whole_first_paragraph(capsys):
+    import sys
+    from fedsweep.algorithms import get_algorithm_class
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines() if not line.startswith("    algorithm."))
+    text = " ".join(out.split())
+    for name in available():
+        doc = sys.modules[get_algorithm_class(name).__module__].__doc__.strip().split("\n\n")[0]
+        assert f"{name} {' '.join(doc.split())}" in text, name    # every line of it, not just the first
+    assert "algorithm.damping (default 1.0):" in out

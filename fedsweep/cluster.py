@@ -1,0 +1,153 @@
+"""Ray for a sweep: a local instance, or an existing cluster reached with ``--address``.
+
+Token authentication (Ray 2.60, measured in shared/NOTES-stack.md): ``ray start --head`` turns it
+on when it finds a token (``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``)
+and off when it finds none. A driver must be in the same mode: one in token mode without a token
+dies in a native check that ends the whole process, and one in the wrong mode retries for 20 s and
+then fails with a bare ``ConnectionError``. So before ``ray.init`` fedsweep
+
+1. picks the mode as ``ray start`` does, on this machine: the user's ``RAY_AUTH_MODE`` if set,
+   else ``token`` when a token is found, else ``disabled``;
+2. asks the head once (a 3 s gRPC call) whether it accepts that: a mismatch is one line that says
+   which variable or file to set, before anything is written.
+
+The environment is put back as it was when the sweep ends, so a Python session that runs several
+sweeps (or tests) does not carry one cluster's mode into the next.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedsweep.errors import ConfigError
+
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def default_token_path() -> Path:
+    return Path.home() / ".ray" / "auth_token"
+
+
+def find_token() -> tuple[str | None, str]:
+    """(token, where it came from) as Ray looks for it; (None, the places looked) if there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "$RAY_AUTH_TOKEN"
+    where = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    path = Path(where).expanduser() if where else default_token_path()
+    label = f"$RAY_AUTH_TOKEN_PATH ({path})" if where else str(path)
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        token = ""
+    if token:
+        return token, label
+    return None, f"$RAY_AUTH_TOKEN, {label}"
+
+
+def auth_mode() -> tuple[str, str | None, str]:
+    """(mode, token, where the token came from) for connecting to an existing cluster."""
+    token, where = find_token()
+    mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower() or ("token" if token else "disabled")
+    if mode not in ("token", "disabled"):
+        raise ConfigError(f"RAY_AUTH_MODE: {os.environ['RAY_AUTH_MODE']!r} is not allowed; allowed: token, disabled")
+    if mode == "token" and token is None:
+        raise ConfigError(f"RAY_AUTH_MODE=token but no Ray token found (looked in {where}); run `ray get-auth-token` "
+                          "on the head node and set RAY_AUTH_TOKEN, or write it to ~/.ray/auth_token")
+    return mode, token, where
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> tuple[str, int]:
+    """Fail in seconds, in one line, where Ray itself would retry a dead address for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected HOST:PORT, e.g. 127.0.0.1:6379")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(f"--address {address}: no Ray head answers there ({e.strerror or e}); start one "
+                          f"with `ray start --head --port {port}`") from None
+    return host, int(port)
+
+
+def check_auth(address: str, mode: str, token: str | None, where: str, timeout: float = 3.0) -> None:
+    """One gRPC call to the head's GCS (GetClusterId, empty request) with the credentials ray.init
+    would send; an UNAUTHENTICATED answer becomes a one-line error that says what to set."""
+    import grpc
+    host, port = check_reachable(address)
+    metadata = [("authorization", f"Bearer {token}")] if mode == "token" else []
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")   # bytes in, bytes out
+        try:
+            call(b"", timeout=timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise ConfigError(f"--address {address}: the Ray head does not answer ({e.code().name}: "
+                                  f"{e.details()})") from None
+            if mode == "token":
+                raise ConfigError(f"--address {address}: the Ray cluster rejected the token from {where}; set "
+                                  "RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` on the head)") from None
+            raise ConfigError(f"--address {address}: the Ray cluster requires token authentication and no token "
+                              f"was found ({where}); set RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` "
+                              "on the head) or copy it to ~/.ray/auth_token") from None
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None):
+    """``ray.init`` (a new local instance, or ``address``), ``ray.shutdown`` on the way out; yields
+    the Ray session directory (its processes carry it). The auth environment is restored after."""
+    import logging
+    saved = {k: os.environ.get(k) for k in AUTH_VARS}
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Small trials checkpoint often; Ray warns about snapshot frequency on every one of them.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")   # CPU trials must not grab a GPU
+    if address:
+        mode, token, where = auth_mode()
+        check_auth(address, mode, token, where)
+        os.environ["RAY_AUTH_MODE"] = mode            # before ray reads its config (refreshed below)
+    import ray
+    for name in ("ray", "ray.tune", "ray.train"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    _refresh_ray_auth()
+    try:
+        if address:
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            except Exception as e:  # noqa: BLE001 - shown to the user in one line
+                raise ConfigError(f"--address {address}: cannot connect to the Ray cluster ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        else:
+            ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
+                     logging_level=logging.ERROR)
+        yield session_dir()
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _refresh_ray_auth()
+
+
+def session_dir() -> str | None:
+    """The running Ray session's directory (``.../session_<date>_<pid>``), if this process started it."""
+    try:
+        import ray._private.worker as worker
+        node = worker._global_node
+        return node.get_session_dir_path() if node is not None else None
+    except Exception:  # noqa: BLE001 - private API: best effort
+        return None
+
+
+def _refresh_ray_auth() -> None:
+    """Make Ray's cached C++ config and token re-read the environment (as Ray's own
+    ``_enable_token_auth`` does); without it a mode set after ``import ray`` is ignored."""
+    if "ray._raylet" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -1,0 +1,154 @@
+"""One driver per sweep, one writer creating a store: advisory file locks (``flock``).
+
+The kernel drops an ``flock`` when its holder exits, by SIGKILL too, so a lock that can be taken
+while its file still names another driver was left by a driver that died: that is how a stale lock
+is told from a live one, with no PID guessing. Linux and macOS; on file systems without ``flock``
+(some network mounts) the locks are skipped.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+from fedsweep.errors import ConfigError
+
+
+class SweepLock:
+    """``<storage>/<sweep>.lock``, held while a ``fedsweep tune`` of that sweep runs.
+
+    Its text is the holder's record (pid, host, start time, its process group and Ray session),
+    so a second driver can say who runs the sweep, and one that takes over a stale lock can end
+    what the dead driver's local Ray instance left running (:func:`end_leftovers`)."""
+
+    def __init__(self, path: Path, sweep: str):
+        self.path, self.sweep, self.fd = Path(path), sweep, None
+
+    def acquire(self) -> dict:
+        """Take the lock or raise ConfigError naming the running driver; returns the record a dead
+        driver left (empty if the last one ended cleanly)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return {}                              # no flock here: run unlocked
+            held = _read_record(self.path)
+            since = held.get("since", "an unknown time")
+            raise ConfigError(f"sweep {self.sweep!r} is already running since {since}, pid {held.get('pid', '?')} "
+                              f"on {held.get('host', '?')} (lock {self.path}); wait for it, or stop it first") from None
+        self.fd = fd
+        stale = _read_record(self.path)
+        self.write()
+        return stale
+
+    def write(self, **extra) -> None:
+        record = {"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
+                  "since": datetime.now().isoformat(timespec="seconds"), **extra}
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, json.dumps(record).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)                   # an empty lock file: the last driver ended cleanly
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        text = path.read_text().strip()
+        return json.loads(text) if text else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def store_lock(directory: Path):
+    """Serialise MLflow store creation: two processes creating one fresh sqlite store race in its
+    schema migration. Held on the store's folder itself, so no extra file is left beside it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass                                       # no flock on this file system
+        yield
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a SIGKILLed driver's local Ray instance leaves behind
+# ---------------------------------------------------------------------------------------------
+
+def _processes():
+    """(pid, parent pid, process group, command line) of every live process we can see (Linux
+    /proc); zombies, which only wait to be reaped, are left out."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state, ppid, pgrp, ...
+        if fields[0] != "Z":
+            yield int(entry.name), int(fields[1]), int(fields[2]), cmd
+
+
+def leftovers(record: dict) -> list[int]:
+    """The processes a dead driver's local Ray instance left: Ray processes (``ray::`` agents and
+    workers, or ones naming its Ray session) in the driver's process group that are orphans, i.e.
+    whose chain of parents leaves the group without passing a live non-Ray process (a running
+    driver in the same group keeps its own). A cluster reached with ``--address`` never matches:
+    its processes are not in the driver's group."""
+    pgid, session = record.get("pgid"), record.get("ray_session")
+    if not os.path.isdir("/proc") or pgid is None or record.get("host") != socket.gethostname():
+        return []
+    group = {pid: (ppid, cmd) for pid, ppid, g, cmd in _processes() if g == pgid and pid != os.getpid()}
+    ray_like = {pid for pid, (_, cmd) in group.items()
+                if cmd.startswith("ray::") or (session and session in cmd) or "/site-packages/ray/" in cmd}
+
+    def orphaned(pid: int) -> bool:
+        parent = group[pid][0]
+        while parent in group:
+            if parent not in ray_like:
+                return False                          # under a live driver (or another process of the group)
+            parent = group[parent][0]
+        return parent != os.getpid()
+
+    return sorted(pid for pid in ray_like if orphaned(pid))
+
+
+def end_leftovers(record: dict, grace: float = 3.0) -> list[int]:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, to :func:`leftovers`; returns their pids."""
+    pids = leftovers(record)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.time() + grace
+        while sig == signal.SIGTERM and time.time() < end and set(pids) & {p for p, *_ in _processes()}:
+            time.sleep(0.2)
+    return pids

@@ -1,0 +1,51 @@
+"""Algorithm registry: name -> Algorithm class. Adding an algorithm = one file + one line in MODULES.
+
+Layers run one way: ``errors`` <- ``registry`` <- ``config`` <- (heterogeneity, data, ...) <-
+``algorithms.*``. This module imports only :mod:`fedsweep.errors` at import time; the algorithm
+modules (which import ``fedsweep.config`` through ``algorithms.base``) are imported lazily, on the
+first lookup, so ``fedsweep.config`` can import this module at its top.
+"""
+from __future__ import annotations
+
+import importlib
+
+from fedsweep.errors import ConfigError
+
+_REGISTRY: dict[str, type] = {}
+
+# The algorithm modules (in fedsweep/algorithms/), imported for their @register side effect.
+MODULES = (
+    "fedavg",
+    "fedlga",
+    "scaffold",
+    "feddyn",
+    "fedprox",
+    "fednova",
+    "fedcm",
+    "mimelite",
+    "fedsam",
+    "hybrid",
+    "lossaware",
+)
+
+
+def register(cls):
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    for module in MODULES:
+        importlib.import_module(f"fedsweep.algorithms.{module}")
+
+
+def get_algorithm_class(name: str) -> type:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def available() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
