@@ -81,3 +81,14 @@ def tmp_mlflow(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture
+def fresh_home(tmp_path_factory, monkeypatch):
+    """A new, empty HOME and no RAY_AUTH_* variables: what a user's fresh machine has. Ray keeps
+    its token in ~/.ray, so a test must not see what another left there."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    return home

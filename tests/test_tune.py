@@ -1,6 +1,7 @@
 """`fedsweep tune` through a real Ray Tune run into a real (temporary) MLflow store."""
+import json
+import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -11,8 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlflow.artifacts import download_artifacts
+
 from fedsweep.cli import main
+from fedsweep.locks import leftovers
 from fedsweep.sweep import expand, load_sweep
+
+pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
 
 TINY = {
     "base": {"rounds": 4, "clients_per_round": 4, "device": "cpu",
@@ -43,22 +49,18 @@ def trial_runs(uri, experiment, parent=None):
 def finished_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    cwd = os.getcwd()
-    os.chdir(tmp)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+            mp.delenv(var, raising=False)
+        mp.chdir(tmp)
         # 8 trials at once on 2 cores: only the driver writes MLflow, so nothing may be lost
         path = write_sweep(tmp / "tiny.yaml", "tiny", seeds=[0, 1], max_concurrent=8,
                            resources={"cpu": 0.25})
         assert main(["tune", path]) == 0
+        assert not ray_processes_of(os.getpgid(0))      # the local Ray instance is gone
         yield tmp, uri, path
-    finally:
-        os.chdir(cwd)
-        if old is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old
 
 
 def test_child_runs_params_metrics_and_divergence(finished_sweep):
@@ -75,6 +77,18 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
         assert r.data.params["algorithm.name"] == r.data.tags["fedsweep.method"]
         assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \
             {a.path for a in client.list_artifacts(r.info.run_id)}
+        if r.data.tags["fedsweep.status"] == "diverged":
+            # the UI's status column tells it from a usable run; the loss shows where it went
+            assert r.info.status == "FAILED" and r.data.tags["fedsweep.diverged_round"] == "1"
+            (loss,) = client.get_metric_history(r.info.run_id, "train/loss")
+            assert loss.step == 1 and not math.isfinite(loss.value)
+            got = download_artifacts(run_id=r.info.run_id, artifact_path="summary.json", dst_path=str(tmp / r.info.run_id),
+                                     tracking_uri=uri)
+            summary = json.loads(Path(got).read_text())                 # strict JSON: null, not NaN
+            assert summary["status"] == "diverged" and summary["diverged_round"] == 1
+            assert summary["final_test_loss"] is None or math.isfinite(summary["final_test_loss"])
+        else:
+            assert r.info.status == "FINISHED" and "fedsweep.diverged_round" not in r.data.tags
         if r.data.tags["fedsweep.status"] == "finished":
             steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
             assert steps == [1, 2, 3, 4]                               # every round, once
@@ -134,40 +148,63 @@ def _wait_for(predicate, timeout):
     return False
 
 
-def test_resume_after_kill_reruns_nothing_finished(tmp_path):
+def ray_processes_of(pgid: int) -> list[int]:
+    """Live Ray processes (gcs, raylet, ``ray::`` agents and workers) in process group ``pgid``."""
+    found = set(leftovers({"pgid": pgid, "host": socket.gethostname()}))
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                cmd = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid and ("ray::" in cmd or "site-packages/ray/" in cmd):
+                found.add(int(entry.name))
+    return sorted(found)
+
+
+def start_sweep(path, cwd, uri):
+    """``fedsweep tune PATH`` in a subprocess that leads its own process group, as a shell job does."""
+    return subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=cwd,
+                            env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _statuses(uri, name):
+    try:
+        _, runs = trial_runs(uri, name)
+    except Exception:  # noqa: BLE001 - the store may not exist yet
+        return []
+    return [r.data.tags.get("fedsweep.status") for r in runs]
+
+
+def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch):
+    """`kill -9` of the driver alone (Ray's agents outlive it): the next `fedsweep tune` ends what
+    that driver left and only that, refuses to start over silently, and `--resume` finishes the
+    sweep without rerunning or duplicating anything."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec_over = {"grid": {"local.lr": [0.05, 0.1]}, "seeds": [0, 1], "max_concurrent": 1,
                  "base": {**TINY["base"], "rounds": 30, "eval": {"every": 3}}}
     path = write_sweep(tmp_path / "r.yaml", "r", **spec_over)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def two_done():
-        try:
-            _, runs = trial_runs(uri, "r")
-        except Exception:  # noqa: BLE001 - the store may not exist yet
-            return False
-        return sum(r.data.tags.get("fedsweep.status") == "finished" for r in runs) >= 2
-
+    proc = start_sweep(path, tmp_path, uri)
     try:
-        assert _wait_for(two_done, 240), "the sweep did not finish two trials"
+        assert _wait_for(lambda: _statuses(uri, "r").count("finished") >= 2, 240), "two trials did not finish"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)                              # the driver only
         proc.wait()
     _, before = trial_runs(uri, "r")
     done_before = {r.info.run_id: r.info.end_time for r in before if r.data.tags["fedsweep.status"] == "finished"}
     assert len(done_before) < 8                                       # killed mid-sweep
+    bystander = subprocess.Popen(["sleep", "300"])                    # in our group, not Ray: kept
 
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        assert main(["tune", path]) == 2                              # refuses to silently start over
-        assert main(["tune", path, "--resume"]) == 0
-    finally:
-        os.chdir(cwd)
-        os.environ.pop("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", path]) == 2                                  # refuses to silently start over ...
+    assert not ray_processes_of(proc.pid)                             # ... after ending what was left
+    assert main(["tune", path, "--resume"]) == 0
+    assert bystander.poll() is None
+    bystander.kill()
     client, after = trial_runs(uri, "r")
     assert len(after) == 8                                            # nothing lost, nothing duplicated
     assert len({(r.data.tags["fedsweep.config_id"], r.data.params["seed"]) for r in after}) == 8
@@ -179,35 +216,42 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path):
         assert steps == list(range(1, 31)), f"each round logged exactly once: {steps}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_sweep_on_an_existing_cluster(tmp_path):
-    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
-    if ray_bin is None:
-        pytest.skip("the `ray` command is not installed beside this Python")
-    port = _free_port()
-    started = subprocess.run([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                              "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats"],
-                             capture_output=True, text=True, timeout=120)
-    if started.returncode != 0:
-        pytest.skip(f"Ray cannot start a head node here: {started.stderr.strip().splitlines()[-1:]}")
+def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it): the open trials'
+    runs become KILLED, the line counts the whole sweep, no Ray process is left; `--resume` reopens
+    them and its status line counts every trial of the sweep, not only this invocation's."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
+    path = write_sweep(tmp_path / "i.yaml", "i", methods={"fedavg": {}}, seeds=[0, 1], max_concurrent=2,
+                       grid={"local.lr": [0.05, 0.1]}, base={**TINY["base"], "rounds": 400, "eval": {"every": 50}})
+    proc = start_sweep(path, tmp_path, uri)
     try:
-        path = write_sweep(tmp_path / "c.yaml", "c", grid={"local.lr": [0.1]})
-        assert main(["tune", path, "--address", f"127.0.0.1:{port}"]) == 0
+        assert _wait_for(lambda: _statuses(uri, "i").count("running") == 2, 240), "no trial started"
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
     finally:
-        os.chdir(cwd)
-        os.environ.pop("MLFLOW_TRACKING_URI")
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
-    _, runs = trial_runs(uri, "c")
-    assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["finished", "finished"]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    statuses = _statuses(uri, "i")
+    unfinished = 4 - statuses.count("finished")
+    assert proc.returncode == 1 and f"; {unfinished} of 4 unfinished: continue with --resume" in out, out[-3000:]
+    assert "running" not in statuses and statuses.count("interrupted") >= 1, statuses
+    _, runs = trial_runs(uri, "i")
+    assert all(r.info.status == "KILLED" for r in runs if r.data.tags["fedsweep.status"] == "interrupted")
+    assert _wait_for(lambda: not ray_processes_of(proc.pid), 30), "Ray processes outlived the driver"
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", path, "--resume"]) == 0
+    assert "[sweep] 4 trials: 4 finished" in capsys.readouterr().err
+    _, runs = trial_runs(uri, "i")
+    assert sorted((r.data.tags["fedsweep.status"], r.info.status) for r in runs) == [("finished", "FINISHED")] * 4
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
@@ -237,6 +281,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
                        scheduler={"kind": "asha", "metric": "test/accuracy", "mode": "max",
                                   "grace_period": 2, "reduction_factor": 2})
     assert main(["tune", path]) == 0
+    assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     _, runs = trial_runs(uri, "a")
     status = {(r.data.params["data.name"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"] for r in runs}
     assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
