@@ -164,17 +164,23 @@ def _artifact_root(uri: str) -> str | None:
     return None
 
 
-def get_or_create_experiment(client, name: str, uri: str) -> str:
-    """The experiment's id, created if missing. The first touch of a fresh sqlite store creates its
-    schema (alembic migrations, ~2 s); two processes doing that at once fail in the migration, and
-    two creating one experiment hit its unique name: both happen under a lock on the store's folder."""
+def open_experiment(uri: str, name: str):
+    """(an MlflowClient of the store at ``uri``, the id of experiment ``name``, created if missing).
+
+    The client's construction creates a fresh sqlite store's schema (alembic migrations, ~2 s); two
+    processes doing that at once fail in the migration, and two creating one experiment collide on
+    its unique name: for a sqlite store both happen under a lock on the store's folder."""
+    from mlflow import MlflowClient
+
     from fedsweep.locks import store_lock
     if not uri.startswith("sqlite:///"):
-        return _get_or_create(client, name, uri)
+        client = MlflowClient(tracking_uri=uri)
+        return client, _get_or_create(client, name, uri)
     folder = Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent
     folder.mkdir(parents=True, exist_ok=True)
     with store_lock(folder):
-        return _get_or_create(client, name, uri)
+        client = MlflowClient(tracking_uri=uri)
+        return client, _get_or_create(client, name, uri)
 
 
 def _get_or_create(client, name: str, uri: str) -> str:
@@ -218,12 +224,10 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     """Write one finished run to MLflow; returns its run id."""
     import time
 
-    from mlflow import MlflowClient
     from mlflow.entities import Param, RunTag
 
     uri = resolve_tracking_uri(uri or cfg.mlflow.tracking_uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = get_or_create_experiment(client, cfg.mlflow.experiment, uri)
+    client, exp_id = open_experiment(uri, cfg.mlflow.experiment)
     name = cfg.mlflow.run_name or f"{cfg.algorithm.name}-seed{cfg.seed}"
     run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
     rid = run.info.run_id

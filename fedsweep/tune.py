@@ -369,20 +369,17 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
                address: str | None, lock) -> dict:
-    from mlflow import MlflowClient
-
     from fedsweep.cluster import ray_session
     from fedsweep.run import quiet_logs
-    from fedsweep.tracking import get_or_create_experiment
+    from fedsweep.tracking import open_experiment
     quiet_logs()
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
     with ray_session(address) as session:
         lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
         from ray import tune
-        client = MlflowClient(tracking_uri=uri)
         experiment = sweep.mlflow.experiment or sweep.name
-        exp_id = get_or_create_experiment(client, experiment, uri)
+        client, exp_id = open_experiment(uri, experiment)
         if resume:
             state = json.loads(state_path.read_text())
             parent_id = state["parent_run_id"]
