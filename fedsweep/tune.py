@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from fedsweep.config import ConfigError, RunConfig
 from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, trial_table

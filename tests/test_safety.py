@@ -91,7 +91,7 @@ def test_a_running_sweep_is_not_run_twice(tmp_path, monkeypatch, capsys):
             assert main(["tune", path, *flags]) == 2
             err = one_line_error(capsys)
             if flags != ["--resume"]:   # --resume first finds no sweep state to resume
-                assert f"sweep 's' is already running since " in err and f"pid {os.getpid()}" in err
+                assert "sweep 's' is already running since " in err and f"pid {os.getpid()}" in err
         assert listing(tmp_path) == before
     assert (storage / "s.lock").read_text() == ""                  # released cleanly: no record left
 
@@ -181,3 +181,25 @@ def test_trial_runs_helper_sees_no_store_as_an_error(tmp_path):
     """(trial_runs is shared by the sweep tests: a missing experiment must not pass silently)"""
     with pytest.raises(AttributeError):
         trial_runs(f"sqlite:///{tmp_path / 'none.db'}", "nothing")
+
+
+def test_two_sweeps_started_together_run_once(tmp_path):
+    """Two `fedsweep tune` of one sweep started together in a fresh folder: one runs it, the other
+    says it is running and exits 2 (one used to die in MLflow's schema migration, or both ran every
+    trial twice into one experiment)."""
+    path = write_sweep(tmp_path / "twice.yaml", "twice", methods={"fedavg": {}}, grid={"local.lr": [0.1, 0.2]},
+                       base={**TINY["base"], "rounds": 20})
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    logs = [(tmp_path / f"out{i}.log", tmp_path / f"err{i}.log") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=tmp_path, env=env,
+                              stdout=open(out, "w"), stderr=open(err, "w")) for out, err in logs]
+    results = [(p.wait(timeout=400), out.read_text(), err.read_text()) for p, (out, err) in zip(procs, logs)]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    (refused,) = [err.strip() for code, _, err in results if code == 2]
+    assert len(refused.splitlines()) == 1 and "sweep 'twice' is already running since" in refused
+    client, runs = trial_runs(env["MLFLOW_TRACKING_URI"], "twice")
+    assert sorted(r.data.params["local.lr"] for r in runs) == ["0.1", "0.2"]
+    exp = client.get_experiment_by_name("twice")
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`fedsweep.role` = 'sweep'")
+    assert len(parents) == 1

@@ -165,10 +165,12 @@ def ray_processes_of(pgid: int) -> list[int]:
 
 
 def start_sweep(path, cwd, uri):
-    """``fedsweep tune PATH`` in a subprocess that leads its own process group, as a shell job does."""
-    return subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=cwd,
-                            env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    """``fedsweep tune PATH`` in a subprocess that leads its own process group, as a shell job does;
+    its output goes to ``cwd/driver.log`` (a pipe nobody reads while we wait would block it)."""
+    with open(Path(cwd) / "driver.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=cwd,
+                                env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _statuses(uri, name):
@@ -189,7 +191,8 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch):
     path = write_sweep(tmp_path / "r.yaml", "r", **spec_over)
     proc = start_sweep(path, tmp_path, uri)
     try:
-        assert _wait_for(lambda: _statuses(uri, "r").count("finished") >= 2, 240), "two trials did not finish"
+        assert _wait_for(lambda: _statuses(uri, "r").count("finished") >= 2, 240), \
+            (tmp_path / "driver.log").read_text()[-3000:]
     finally:
         os.kill(proc.pid, signal.SIGKILL)                              # the driver only
         proc.wait()
@@ -225,10 +228,12 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
                        grid={"local.lr": [0.05, 0.1]}, base={**TINY["base"], "rounds": 400, "eval": {"every": 50}})
     proc = start_sweep(path, tmp_path, uri)
     try:
-        assert _wait_for(lambda: _statuses(uri, "i").count("running") == 2, 240), "no trial started"
+        assert _wait_for(lambda: _statuses(uri, "i").count("running") == 2, 240), \
+            (tmp_path / "driver.log").read_text()[-3000:]
         time.sleep(3)
         os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
+        out = (tmp_path / "driver.log").read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
