@@ -50,6 +50,13 @@ class RoundPlan:
         return self.expected_work - self.work + 1
 
     @property
+    def missing_steps(self) -> torch.Tensor:
+        """SGD steps each client did not take: (E − E_i) times its steps per unit of work (1 with
+        ``unit=steps``, ceil(n_i/B) with ``unit=epochs``); 0 for dropped clients."""
+        per_unit = torch.where(self.work > 0, self.steps // self.work.clamp(min=1), torch.zeros_like(self.steps))
+        return (self.expected_work - self.work).clamp(min=0) * per_unit
+
+    @property
     def stragglers(self) -> torch.Tensor:
         """bool (K,): participated but completed less than E."""
         return (self.work < self.expected_work) & ~self.dropped

@@ -5,6 +5,7 @@ import torch
 from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import SetupContext
 from fedsweep.heterogeneity import RoundPlan
+from quadratic import ENGINES, POINTS, SIZES, close, make_algorithm, one_round, t
 
 
 def make(name="fedlga", weighting="uniform", **params):
@@ -82,3 +83,63 @@ def test_dropped_clients_count_for_nothing():
 @pytest.mark.parametrize("source,up", [("mean", 3), ("last", 4), ("exact", 4)])
 def test_communication_counts_extra_uploads(source, up):
     assert make(grad_source=source).communication(plan([4, 4, 1])) == (up, 3)
+
+
+# ----- readings of eq. (4)–(5) (docs/algorithms.md) -------------------------------------------------
+# Same straggler as above: g_2 = (−1, −1), v = ŵ − w_2 = (−0.8, −0.1), gᵀv = 0.9, and it missed
+# m_2 = E − E_2 = 3 steps of η_l = 0.5: η_l m_2 = 1.5.
+
+@pytest.mark.parametrize("reading,damping,d2", [
+    ("projection", 0.0, (-0.4, -0.4)),                 # Δ2 + 0.9 g
+    ("continuation", 0.0, (3.35, 3.35)),               # Δ2 − 1.5 (g + 0.9 g) = 0.5 + 1.5 · 1.9
+    ("continuation", 0.5, (2.675, 2.675)),             # coef 0.9 / (1 + 0.5 · 2) = 0.45: 0.5 + 1.5 · 1.45
+    ("extrapolation", 0.0, (2.0, 2.0)),                # Δ2 − 1.5 g = Δ2 · E/E_2 = 4 Δ2
+    ("extrapolation", 7.0, (2.0, 2.0)),                # no Hessian term: λ plays no part
+])
+def test_readings_by_hand(reading, damping, d2):
+    u = make(reading=reading, damping=damping).aggregate(W, {"delta": DELTA}, plan([4, 4, 1]))
+    torch.testing.assert_close(u, (DELTA[0] + DELTA[1] + torch.tensor(d2, dtype=torch.float64)) / 3,
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("reading", ["projection", "continuation", "extrapolation"])
+def test_every_reading_is_fedavg_without_stragglers(reading):
+    p = plan([4, 4, 4])
+    u = make(reading=reading).aggregate(W, {"delta": DELTA}, p)
+    torch.testing.assert_close(u, make("fedavg").aggregate(W, {"delta": DELTA}, p), rtol=0, atol=0)
+
+
+def test_extrapolation_needs_no_full_client():
+    """All stragglers: extrapolation still continues each one (ŵ plays no part)."""
+    u = make(reading="extrapolation", fallback="fedavg").aggregate(W, {"delta": DELTA}, plan([2, 1, 1]))
+    torch.testing.assert_close(u, (DELTA * torch.tensor([[2.0], [4.0], [4.0]], dtype=torch.float64)).mean(0))
+
+
+def test_missing_steps_count_sgd_steps_in_either_unit():
+    work, sizes = torch.tensor([4, 1, 3, 0]), torch.tensor([25, 25, 7, 9])
+    by_steps = RoundPlan(0, torch.arange(4), work, work.clone(), sizes, work == 0, 4, 0.1)
+    assert by_steps.missing_steps.tolist() == [0, 3, 1, 0]               # E − E_i; dropped: 0
+    per_epoch = (sizes + 9) // 10                                         # B = 10: 3, 3, 1, 1 batches
+    by_epochs = RoundPlan(0, torch.arange(4), work, work * per_epoch, sizes, work == 0, 4, 0.1)
+    assert by_epochs.missing_steps.tolist() == [0, 9, 1, 0]              # (E − E_i) · ceil(n_i/B)
+
+
+# Through the real engines on the quadratic problem (tests/quadratic.py): w = 0, η_l = 0.5, E = 3,
+# full-batch steps w ← w − η_l (w − c_i). Clients 0 and 1 do 3 steps: Δ0 = 0.875 c_0 = (1.75, 0),
+# Δ1 = 0.875 c_1 = (0, 3.5). Client 2 does 1: Δ2 = 0.5 c_2 = (−1, −0.5), and misses m = 2 steps.
+# ŵ = (Δ0 + Δ1)/2 = (0.875, 1.75); v = ŵ − w_2 = (1.875, 2.25).
+# `mean` and `last` (one step from w = 0) both give g = w − c_2 = (2, 1): gᵀv = 6, G v = (12, 6).
+# `exact` is the gradient at w_2: (1, 0.5): gᵀv = 3, G v = (3, 1.5).
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("reading,source,d2", [
+    ("projection", "mean", (11.0, 5.5)),               # Δ2 + G v
+    ("continuation", "mean", (-15.0, -7.5)),           # Δ2 − 0.5 · 2 · (g + G v) = Δ2 − (14, 7)
+    ("continuation", "last", (-15.0, -7.5)),
+    ("continuation", "exact", (-5.0, -2.5)),           # Δ2 − ((1, 0.5) + (3, 1.5))
+    ("extrapolation", "mean", (-3.0, -1.5)),           # Δ2 − (2, 1) = 3 Δ2
+    ("extrapolation", "exact", (-2.0, -1.0)),          # Δ2 − (1, 0.5)
+])
+def test_readings_in_both_engines_by_hand(engine, reading, source, d2):
+    algo = make_algorithm("fedlga", 3, 2, SIZES, reading=reading, grad_source=source, damping=0.0)
+    u, _ = one_round(algo, POINTS, t(0.0, 0.0), [3, 3, 1], 0.5, engine=engine, expected=3)
+    close(u, (t(1.75, 0.0) + t(0.0, 3.5) + t(*d2)) / 3)

@@ -21,17 +21,30 @@ def test_smoke_one_round_changes_model_and_logs_metrics():
     assert h["stragglers/fraction"] == 0.5 and h["comm/up_models"] == 4 == h["comm/down_models"]
 
 
-def test_rho_zero_fedlga_equals_fedavg():
+READINGS = ("projection", "continuation", "extrapolation")
+
+
+@pytest.mark.parametrize("reading", READINGS)
+def test_rho_zero_fedlga_equals_fedavg(reading):
     over = dict(heterogeneity={"kind": "stragglers", "rho": 0.0}, rounds=2)
     a = train(build_config(tiny_raw(**over)), progress=False)
-    b = train(build_config(tiny_raw(**over, algorithm={"name": "fedlga"})), progress=False)
+    b = train(build_config(tiny_raw(**over, algorithm={"name": "fedlga", "reading": reading})), progress=False)
     assert torch.equal(a.w, b.w)
 
 
-def test_fedlga_differs_from_fedavg_under_stragglers():
+def test_fedlga_readings_differ_from_fedavg_and_each_other_under_stragglers():
     a = train(build_config(tiny_raw()), progress=False)
-    b = train(build_config(tiny_raw(algorithm={"name": "fedlga"})), progress=False)
-    assert not torch.allclose(a.w, b.w)
+    ws = [train(build_config(tiny_raw(algorithm={"name": "fedlga", "reading": r})), progress=False).w
+          for r in READINGS]
+    for i, w in enumerate(ws):
+        assert not torch.allclose(a.w, w) and not any(torch.allclose(w, v) for v in ws[i + 1:])
+
+
+@pytest.mark.parametrize("unit", ["steps", "epochs"])
+def test_fedlga_continuation_resumes_exactly(tmp_path, unit):
+    raw = tiny_raw(rounds=5, local={"steps": 3, "unit": unit, "batch_size": 5, "lr": 0.05}, eval={"every": 2},
+                   algorithm={"name": "fedlga", "reading": "continuation", "grad_source": "exact"})
+    resumed_run(raw, tmp_path, stop=2)
 
 
 @pytest.mark.parametrize("algo,server", [("fedavg", {"optimizer": "momentum", "lr": 0.5}),

@@ -1,34 +1,51 @@
 """FedLGA: local gradient approximation on the server (Li et al., FedLGA, IEEE TNNLS; shared/papers/fedlga.md).
 
 Stragglers (τ_i > 1) return Δ_i = w_i − w^t after only E_i < E steps. The server approximates the
-update they would have made with E steps by a first-order Taylor step (eq. 4–5),
+update Δ_{i,E} they would have made with E steps from a first-order Taylor expansion (eq. 4–5) at
+their model w_i = w^t + Δ_i, towards the estimate of where they would have ended,
 
-    Δ̂_i = Δ_i + H_i (ŵ − w_i),        ŵ = w^t + (1/K_2) Σ_{j ∈ K_2} Δ_j      (eq. 5; Alg. 2 line 8)
+    ŵ = w^t + (1/K_2) Σ_{j ∈ K_2} Δ_j                                       (Alg. 2 line 8)
 
-where K_2 are the sampled clients that completed E and w_i = w^t + Δ_i, and replaces the Hessian
-by the outer product of the client gradient (eq. 6, the empirical Fisher), so the correction costs
-O(n) — no n×n matrix is ever formed:
+(K_2: the sampled clients that completed E), with the Hessian replaced by the outer product of the
+client gradient, H_i ≈ G_i = g_i g_iᵀ (eq. 6, the empirical Fisher), so every correction costs O(n):
+no n×n matrix is ever formed. Then (eq. 7; Alg. 2 line 15)
 
-    H_i v ≈ g_i (g_iᵀ v)                                                   (eq. 6)
+    w^{t+1} = w^t + η_g (1/K) (Σ_{K_1} Δ̂_i + Σ_{K_2} Δ_i).
 
-Then (eq. 7; Alg. 2 line 15)   w^{t+1} = w^t + η_g (1/K) (Σ_{K_1} Δ̂_i + Σ_{K_2} Δ_i).
+Eq. (4)–(5) as printed add a Hessian-vector product (a change of gradient) to a model displacement,
+so they cannot be used literally; ``reading`` picks how they are read:
+
+- ``projection`` (eq. 5 as printed):      Δ̂_i = Δ_i + G_i (ŵ − w_i).
+  Units do not match (a gradient change is added to a displacement); fedsweep's default until the
+  FedLGA study in docs/results.md.
+- ``continuation`` (the text around eq. 4: g is "the averaged gradient between epoch E_i and E"):
+  the server makes the straggler's m_i missing steps itself, with the Taylor-corrected gradient
+  at ŵ,
+      ḡ_i = g_i + G_i (ŵ − w_i),        Δ̂_i = Δ_i − η_l m_i ḡ_i.
+  Eq. (4) read as the expansion of the gradient ∇F_i(w_{i,E}) ≈ ∇F_i(w_i) + H_i (w_{i,E} − w_i).
+- ``extrapolation``: the continuation without the Hessian term, Δ̂_i = Δ_i − η_l m_i g_i; with the
+  ``mean`` gradient this is linear extrapolation, Δ̂_i = Δ_i (E_i + m_i)/E_i.
+
+m_i are the SGD steps the straggler did not take: E − E_i with ``local.unit: steps``, and
+(E − E_i) passes of ceil(n_i/B) steps with ``local.unit: epochs``.
 
 Choices the paper leaves open, exposed as options:
 
 - ``grad_source`` — which g_i the server uses. ``mean`` (default): the average gradient over the
-  client's completed steps, g_i = −Δ_i / (η_l E_i), recovered on the server for free (no extra
-  upload; the paper's "averaged gradient" reading of g below eq. 4). ``last``: the gradient of the
-  client's last local step (+1 vector uploaded by each straggler). ``exact``: a fresh mini-batch
-  gradient at w_i, the quantity eq. 6 names literally (+1 gradient pass and +1 upload per straggler).
-- ``damping`` λ ≥ 0 — the correction is g (gᵀv) / (1 + λ‖g‖²). λ = 0 is the paper. For λ > 0 this is
-  the Sherman–Morrison-damped step: it stays bounded when ‖g‖ is large (the correction tends to the
-  projection of v on g scaled by 1/λ), which keeps early, large-gradient rounds stable.
+  client's completed steps, g_i = −Δ_i / (η_l s_i) with s_i its steps, recovered on the server for
+  free (no extra upload). ``last``: the gradient of the client's last local step (+1 vector uploaded
+  by each straggler). ``exact``: a fresh mini-batch gradient at w_i, the quantity eq. 6 names
+  literally (+1 gradient pass and +1 upload per straggler).
+- ``damping`` λ ≥ 0 — G_i v = g_i (g_iᵀv) / (1 + λ‖g_i‖²). λ = 0 is the paper. For λ > 0 this is the
+  Sherman–Morrison-damped step: bounded when ‖g‖ is large (it tends to the projection of v on g
+  scaled by 1/λ), which keeps early, large-gradient rounds stable.
 - ``fallback`` when every sampled client is a straggler (K_2 empty, ŵ undefined): ``fedavg``
   (default) aggregates the uncorrected Δ_i, exactly FedAvg for that round; ``extrapolate`` uses
-  ŵ = w^t + mean_i Δ_i E / E_i, each straggler's mean rate continued to E steps.
+  ŵ = w^t + mean_i Δ_i E / E_i, each straggler's mean rate continued to E. ``extrapolation``
+  needs no ŵ and always corrects.
 
 Sign convention: the paper writes Δ as old − new in places; here Δ is always new − old
-(DESIGN.md §4), and with ρ = 0 (no stragglers) the update is exactly FedAvg's.
+(DESIGN.md §4), and with ρ = 0 (no stragglers) every reading is exactly FedAvg.
 Aggregation weights q_i replace 1/K when ``algorithm.weighting: data``.
 """
 from __future__ import annotations
@@ -44,6 +61,11 @@ from fedsweep.algorithms.base import Algorithm
 
 class FedLGAParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    reading: Literal["projection", "continuation", "extrapolation"] = Field(
+        "projection", description="How eq. (4)–(5) are read: `projection` Δ_i + G_i(ŵ − w_i) (eq. 5 as "
+        "printed); `continuation` Δ_i − η_l m_i (g_i + G_i(ŵ − w_i)), the m_i missing steps taken with the "
+        "Taylor-corrected gradient (the text's 'averaged gradient between epoch E_i and E'); "
+        "`extrapolation` Δ_i − η_l m_i g_i (no Hessian term).")
     grad_source: Literal["mean", "last", "exact"] = Field(
         "mean", description="g_i for the rank-1 Hessian: `mean` −Δ_i/(η_l E_i) (free), `last` last local "
         "gradient (+1 upload), `exact` fresh gradient at w_i (+1 pass, +1 upload).")
@@ -93,11 +115,15 @@ class FedLGA(Algorithm):
         return uploads["grad"]
 
     def compensated(self, w, uploads, plan) -> torch.Tensor:
-        """Δ̂ (K, n): Δ_i for clients that completed E, eq. (5)–(6) for stragglers."""
+        """Δ̂ (K, n): Δ_i for clients that completed E, the ``reading`` of eq. (4)–(6) for stragglers."""
         delta = uploads["delta"]
         slow = plan.stragglers.to(delta.device)
         if not bool(slow.any()):
             return delta
+        g = self.client_gradients(uploads, plan)
+        reading = self.params.reading
+        if reading == "extrapolation":
+            return torch.where(slow.unsqueeze(1), delta - self.missing_step_size(plan, delta) * g, delta)
         full = (plan.participated & ~plan.stragglers).to(delta.device)
         if bool(full.any()):
             w_hat = w + delta[full].mean(0)                                         # Alg. 2 line 8
@@ -106,10 +132,19 @@ class FedLGA(Algorithm):
             w_hat = w + (delta * scale.unsqueeze(1))[slow].mean(0)
         else:
             return delta
-        g = self.client_gradients(uploads, plan)
         v = w_hat - (w + delta)                                                     # ŵ − w_i
         coef = (g * v).sum(1) / (1.0 + self.params.damping * (g * g).sum(1))        # gᵀv / (1+λ‖g‖²)
-        return torch.where(slow.unsqueeze(1), delta + coef.unsqueeze(1) * g, delta)  # eq. (5)
+        hv = coef.unsqueeze(1) * g                                                  # G_i (ŵ − w_i), eq. (6)
+        if reading == "projection":
+            corrected = delta + hv                                                  # eq. (5) as printed
+        else:                                                                       # continuation
+            corrected = delta - self.missing_step_size(plan, delta) * (g + hv)
+        return torch.where(slow.unsqueeze(1), corrected, delta)
+
+    @staticmethod
+    def missing_step_size(plan, like: torch.Tensor) -> torch.Tensor:
+        """η_l m_i (K, 1): the learning rate times the SGD steps each client did not take."""
+        return (plan.lr * plan.missing_steps.to(like)).unsqueeze(1)
 
     def aggregate(self, w, uploads, plan):
         return self.weights(plan) @ self.compensated(w, uploads, plan)             # eq. (7)

@@ -1,0 +1,109 @@
+"""Apply the rule in sweeps/fedlga_readings.yaml's header to that sweep's MLflow runs.
+
+    fedsweep tune sweeps/fedlga_readings.yaml          # the runs
+    python docs/results/fedlga_readings.py [--json OUT] # the table and the decision, in markdown
+
+The rule (stated in the sweep file before the runs): score(variant, cell) = the lowest, over
+(η_l, η_g), of the mean over seeds of rounds to the target, a seed that never reaches it counting as
+rounds + 1; the default is the FedLGA variant with the lowest mean score over the cells, variants
+within 0.5 rounds tie, ties go to the simpler variant (SIMPLER below).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from fedsweep.report import load_trials
+from fedsweep.sweep import load_sweep
+from fedsweep.tracking import resolve_tracking_uri
+
+SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
+TIE = 0.5
+# Simpler first: fewer terms, then fewer uploads and passes, then no damping; continuation last.
+READING_ORDER = {"extrapolation": 0, "projection": 1, "continuation": 2}
+SOURCE_ORDER = {"mean": 0, "last": 1, "exact": 2}
+
+
+def variant(row) -> str:
+    if row["method"] != "fedlga":
+        return row["method"]
+    lam = "" if row["algorithm.reading"] == "extrapolation" else f", λ={row['algorithm.damping']:g}"
+    return f"fedlga {row['algorithm.reading']} ({row['algorithm.grad_source']}{lam})"
+
+
+def simplicity(row) -> tuple:
+    return (READING_ORDER[row["algorithm.reading"]], SOURCE_ORDER[row["algorithm.grad_source"]],
+            row["algorithm.damping"], row["algorithm.reading"] == "continuation")
+
+
+def scores(trials: pd.DataFrame, rounds: int) -> pd.DataFrame:
+    """One row per (variant, cell): the best (η_l, η_g) by censored mean rounds to target."""
+    df = trials.copy()
+    df["rounds"] = df["rounds_to_target"].where(df["status"].isin(["finished", "diverged"])).fillna(rounds + 1)
+    df.loc[df["status"] == "diverged", "rounds"] = rounds + 1
+    df["reached"] = df["rounds"] <= rounds
+    df["variant"] = df.apply(variant, axis=1)
+    cell = ["data.partition.kind", "heterogeneity.rho"]
+    per_lr = (df.groupby(["variant", *cell, "local.lr", "server.lr"])
+                .agg(rounds=("rounds", "mean"), reached=("reached", "sum"), seeds=("seed", "nunique"))
+                .reset_index())
+    best = per_lr.loc[per_lr.groupby(["variant", *cell])["rounds"].idxmin()]
+    return best.reset_index(drop=True)
+
+
+def decide(best: pd.DataFrame, trials: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    overall = best.groupby("variant")["rounds"].mean().rename("mean score").to_frame()
+    fedlga = trials[trials["method"] == "fedlga"].drop_duplicates(
+        ["algorithm.reading", "algorithm.grad_source", "algorithm.damping"]).copy()
+    fedlga["variant"] = fedlga.apply(variant, axis=1)
+    fedlga = fedlga.drop_duplicates("variant").set_index("variant")
+    cand = overall.loc[overall.index.isin(fedlga.index)].copy()
+    low = cand["mean score"].min()
+    tied = cand[cand["mean score"] <= low + TIE].index
+    winner = min(tied, key=lambda v: simplicity(fedlga.loc[v]))
+    return overall.sort_values("mean score"), winner
+
+
+def markdown(best: pd.DataFrame, overall: pd.DataFrame, rounds: int) -> str:
+    cells = sorted({(r["data.partition.kind"], r["heterogeneity.rho"]) for _, r in best.iterrows()})
+    header = ["variant", *[f"{k} ρ={rho:g}" for k, rho in cells], "mean score"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in overall.index:
+        row = [v]
+        for k, rho in cells:
+            b = best[(best["variant"] == v) & (best["data.partition.kind"] == k) & (best["heterogeneity.rho"] == rho)]
+            r = b.iloc[0]
+            miss = "" if r["reached"] == r["seeds"] else f" [{int(r['reached'])}/{int(r['seeds'])}]"
+            row.append(f"{r['rounds']:.1f}{miss}")
+        row.append(f"{overall.loc[v, 'mean score']:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + (f"\n\nRounds to 0.8 test accuracy at each variant's best (η_l, η_g) per cell, mean of "
+                              f"the seeds; a seed that never reached it in {rounds} rounds counts as {rounds + 1} "
+                              "([k/n]: seeds that reached it).")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the scores as JSON")
+    args = ap.parse_args(argv)
+    sweep = load_sweep(SWEEP)
+    uri = resolve_tracking_uri(sweep.mlflow.tracking_uri)
+    trials = load_trials(uri, sweep.mlflow.experiment or sweep.name, sweep.name)
+    rounds = int(sweep.base["rounds"])
+    best = scores(trials, rounds)
+    overall, winner = decide(best, trials)
+    print(markdown(best, overall, rounds))
+    print(f"\nDefault by the rule: {winner} (mean score {overall.loc[winner, 'mean score']:.2f}; "
+          f"ties within {TIE} rounds go to the simpler variant).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"winner": winner, "overall": overall["mean score"].to_dict(),
+                                               "cells": best.to_dict(orient="records")}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
