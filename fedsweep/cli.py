@@ -140,11 +140,10 @@ def _dispatch(args) -> int:
         import textwrap
 
         from fedsweep.algorithms import available, get_algorithm_class
+        from fedsweep.registry import description
         for name in available():
             cls = get_algorithm_class(name)
-            # the module docstring's whole first paragraph (it may run over several lines), rewrapped
-            doc = (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
-            print(textwrap.fill(" ".join(doc.split()), width=100, initial_indent=f"{name:<12} ",
+            print(textwrap.fill(description(name), width=100, initial_indent=f"{name:<12} ",
                                 subsequent_indent=" " * 13, break_on_hyphens=False))
             for key, field in cls.Params.model_fields.items():
                 print(f"    algorithm.{key} (default {field.default!r}): {field.description}")

@@ -9,6 +9,7 @@ import typing
 from pydantic import BaseModel
 
 from fedsweep.algorithms import available, get_algorithm_class
+from fedsweep.registry import description
 from fedsweep.config import RunConfig
 
 
@@ -45,7 +46,7 @@ def config_reference() -> str:
               "Set under `algorithm:` next to `name`; each algorithm accepts only its own keys.", ""]
     for name in available():
         cls = get_algorithm_class(name)
-        lines += [f"### `{name}`", "", (__import__(cls.__module__, fromlist=['_']).__doc__ or "").strip().splitlines()[0], ""]
+        lines += [f"### `{name}`", "", description(name), ""]
         rows = _rows(cls.Params, "algorithm.")
         lines += (["| key | type | default | meaning |", "| --- | --- | --- | --- |"] + rows) if rows else ["No parameters."]
         lines.append("")

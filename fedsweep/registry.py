@@ -49,3 +49,11 @@ def get_algorithm_class(name: str) -> type:
 def available() -> list[str]:
     _load_all()
     return sorted(_REGISTRY)
+
+
+def description(name: str) -> str:
+    """The first paragraph of the algorithm's module docstring, on one line (what `fedsweep
+    algorithms` and docs/config.md show)."""
+    import sys
+    module = sys.modules[get_algorithm_class(name).__module__]
+    return " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())

@@ -32,7 +32,7 @@ def test_switching_to_an_algorithm_without_parameters_names_the_allowed_keys():
 def test_unknown_key_of_an_algorithm_with_parameters_lists_them():
     raw = tiny_raw(algorithm={"name": "fedlga"})
     assert error(raw, "algorithm.mu=0.1") == \
-        "algorithm.mu: unknown key; allowed for fedlga: name, weighting, grad_source, damping, fallback"
+        "algorithm.mu: unknown key; allowed for fedlga: name, weighting, reading, grad_source, damping, fallback"
 
 
 @pytest.mark.parametrize("name", available())

@@ -1,8 +1,9 @@
 """`fedsweep run` checks every output location, the MLflow store and a checkpoint to resume before the
 first round: a bad one is one line (exit 2) and nothing is trained or written."""
 import json
+import subprocess
+import sys
 import socket
-import sqlite3
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -151,15 +152,13 @@ def test_check_store_http(tmp_path):
 
 
 def test_check_store_sqlite_existing_and_outdated(tmp_path):
-    from mlflow import MlflowClient
     db = tmp_path / "store" / "mlflow.db"
     uri = f"sqlite:///{db}"
     assert check_store(uri) == uri and not db.parent.exists()    # a new store: nothing created
-    MlflowClient(tracking_uri=uri).search_experiments()           # creates the store (~2 s)
-    check_store(uri)
-    con = sqlite3.connect(db)                                     # as if written by another MLflow
-    con.execute("UPDATE alembic_version SET version_num = '0123456789ab'")
-    con.commit()
-    con.close()
-    with pytest.raises(ConfigError, match=r"schema \(0123456789ab\) is not this MLflow's .* mlflow db upgrade"):
+    # made and then altered by another process: MLflow checks a store's schema once per process
+    subprocess.run([sys.executable, "-c", "import sqlite3, sys; from mlflow import MlflowClient; "
+                    "MlflowClient(tracking_uri=sys.argv[1]).search_experiments(); "
+                    "c = sqlite3.connect(sys.argv[2]); c.execute(\"UPDATE alembic_version SET version_num = "
+                    "'0123456789ab'\"); c.commit()", uri, str(db)], check=True, capture_output=True, timeout=120)
+    with pytest.raises(ConfigError, match=r"MLflow cannot use this store .* mlflow db upgrade"):
         check_store(uri)

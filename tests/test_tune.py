@@ -15,7 +15,7 @@ import yaml
 from mlflow.artifacts import download_artifacts
 
 from fedsweep.cli import main
-from fedsweep.locks import leftovers
+from fedsweep.locks import leftovers, store_lock
 from fedsweep.sweep import expand, load_sweep
 
 pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
@@ -174,9 +174,14 @@ def start_sweep(path, cwd, uri):
 
 
 def _statuses(uri, name):
+    """The trials' statuses, read without creating the store or reading it while fedsweep creates it."""
+    db = Path(uri[len("sqlite:///"):])
+    if not db.exists():
+        return []
     try:
-        _, runs = trial_runs(uri, name)
-    except Exception:  # noqa: BLE001 - the store may not exist yet
+        with store_lock(db.parent):
+            _, runs = trial_runs(uri, name)
+    except Exception:  # noqa: BLE001 - no experiment yet
         return []
     return [r.data.tags.get("fedsweep.status") for r in runs]
 
