@@ -28,6 +28,10 @@ from fedsweep.config import ConfigError, RunConfig
 from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, trial_table
 
 STATE_FILE = "fedsweep_sweep.json"
+# The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
+# (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
+# exactly the trials the sweep started with, even if the sweep file was edited since.
+TRIALS_FILE = "fedsweep_trials.json"
 # A trial's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged trial ran to
 # its end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
 # interrupted one (Ctrl-C) is KILLED until `--resume` reopens it.
@@ -86,12 +90,13 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path):
     return TuneReporter()
 
 
-def run_trial(config: dict) -> None:
-    """The Ray Tune function trainable: one federated run, resumed from Tune's checkpoint if any."""
+def run_trial(config: dict, payloads: list[dict]) -> None:
+    """The Ray Tune function trainable: one federated run (``payloads[config["trial"]]``), resumed
+    from its checkpoint if any."""
     from ray import tune
 
     from fedsweep.run import summarize, train
-    cfg = RunConfig(**config["trial"]["run"])
+    cfg = RunConfig(**payloads[config["trial"]]["run"])
     ckpt = trial_checkpoint(config["ckpt_dir"], tune.get_context().get_trial_id())
     reporter = _tune_reporter(config["checkpoint_every"], ckpt)
     module = train(cfg, progress=False, resume=ckpt if ckpt.is_file() else None, callbacks=[reporter])
@@ -106,14 +111,15 @@ def run_trial(config: dict) -> None:
 # In the driver
 # ---------------------------------------------------------------------------------------------
 
-def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str):
+def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str,
+                         payloads: list[dict]):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray)."""
     from ray import tune
 
     class MlflowTrials(tune.Callback):
         def __init__(self):
             self.uri, self.experiment_id, self.parent_id, self.sweep = uri, experiment_id, parent_id, sweep_name
-            self.ckpt_dir = ckpt_dir
+            self.ckpt_dir, self.payloads = ckpt_dir, payloads
             self.runs: dict[str, str] = {}          # trial_id -> MLflow run id
             self.logged: dict[str, int] = {}        # trial_id -> last round logged
             self.closed: set[str] = set()           # trials whose run already holds its final result
@@ -151,7 +157,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 history = self.client.get_metric_history(run_id, "train/loss")
                 self.logged[trial.trial_id] = max((m.step for m in history), default=0)
             else:
-                info = trial.config["trial"]
+                info = self.payloads[trial.config["trial"]]
                 cfg = RunConfig(**info["run"])
                 run_id = self.client.create_run(self.experiment_id, run_name=info["label"], tags={
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
@@ -194,7 +200,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             if trial.trial_id in self.closed:
                 return
             self.closed.add(trial.trial_id)
-            cfg = RunConfig(**trial.config["trial"]["run"])
+            cfg = RunConfig(**self.payloads[trial.config["trial"]]["run"])
             history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id))
             tags = {"fedsweep.status": status}
             if history:
@@ -243,14 +249,17 @@ def trial_status(trial) -> str:
     return "failed" if trial.status == "ERROR" else trial.status.lower()
 
 
-def make_progress_callback(total: int, stream=None):
+def make_progress_callback(payloads: list[dict], stream=None):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s.
     Counts come from Tune's list of every trial, so a resumed sweep counts what ran before too."""
     from ray import tune
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best, self.last_print = total, None, 0.0
+            self.total, self.best, self.last_print = len(payloads), None, 0.0
+
+        def _label(self, trial) -> str:
+            return payloads[trial.config["trial"]]["label"]
 
         def _line(self, trials) -> str:
             counts: dict[str, int] = {}
@@ -267,7 +276,7 @@ def make_progress_callback(total: int, stream=None):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             acc = result.get("best/test_accuracy")
             if acc is not None and (self.best is None or acc > self.best[0]):
-                self.best = (acc, trial.config["trial"]["label"])
+                self.best = (acc, self._label(trial))
             if time.time() - self.last_print > 10:
                 self.last_print = time.time()
                 self._print(self._line(trials))
@@ -275,11 +284,11 @@ def make_progress_callback(total: int, stream=None):
         def on_trial_complete(self, iteration, trials, trial, **info):
             last = trial.last_result or {}
             acc = last.get("best/test_accuracy", float("nan"))
-            self._print(f"[{completed_status(trial)}] {trial.config['trial']['label']}: best acc {acc:.4f} "
+            self._print(f"[{completed_status(trial)}] {self._label(trial)}: best acc {acc:.4f} "
                         f"after {last.get('round', 0)} rounds")
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self._print(f"[failed] {trial.config['trial']['label']} (see {trial.local_path})")
+            self._print(f"[failed] {self._label(trial)} (see {trial.local_path})")
 
         def on_experiment_end(self, trials, **info):
             self._print(self._line(trials))
@@ -347,6 +356,9 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     state_path = exp_dir / STATE_FILE
     if resume and not state_path.is_file():
         raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root}")
+    if resume and not (exp_dir / TRIALS_FILE).is_file():
+        raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (no {TRIALS_FILE}); "
+                          "start it over with --restart")
 
     from fedsweep.locks import SweepLock, end_leftovers
     with SweepLock(root / f"{sweep.name}.lock", sweep.name) as lock:
@@ -381,33 +393,40 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
         if resume:
             state = json.loads(state_path.read_text())
             parent_id = state["parent_run_id"]
+            payloads = json.loads((exp_dir / TRIALS_FILE).read_text())
             client.set_terminated(parent_id, status="RUNNING")
-            tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep), resume_errored=True)
+            tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep, payloads), resume_errored=True)
         else:
             parent_id = _create_parent(client, exp_id, sweep, trials, path)
             exp_dir.mkdir(parents=True, exist_ok=True)
+            payloads = [_trial_payload(t, sweep) for t in trials]
+            (exp_dir / TRIALS_FILE).write_text(json.dumps(payloads))
             state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
                                               "experiment": experiment, "finished": False}))
-            tuner = _new_tuner(sweep, trials, root, uri, exp_id, parent_id)
-        print(f"{sweep.name}: {len(trials)} trials; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
+            tuner = _new_tuner(sweep, payloads, root, uri, exp_id, parent_id)
+        total = len(payloads)
+        print(f"{sweep.name}: {total} trials; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
         tuner.fit()
         interrupted = _close_interrupted(client, exp_id, parent_id)
         counts = _outcomes(client, exp_id, parent_id)
-        unfinished = max(len(trials) - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
+        unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
         state = json.loads(state_path.read_text())
         state["finished"] = unfinished == 0
         state_path.write_text(json.dumps(state))
         client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
-        return {"trials": len(trials), "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
+        return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
                 "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
-def _trainable(sweep: SweepConfig):
+def _trainable(sweep: SweepConfig, payloads: list[dict]):
+    """``run_trial`` with the trials' configs put once into Ray's object store (every node reads them
+    there) and each trial's resources."""
     from ray import tune
-    return tune.with_resources(run_trial, {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu})
+    return tune.with_resources(tune.with_parameters(run_trial, payloads=payloads),
+                               {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu})
 
 
-def _new_tuner(sweep, trials, root, uri, exp_id, parent_id):
+def _new_tuner(sweep, payloads, root, uri, exp_id, parent_id):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     scheduler = None
@@ -415,19 +434,19 @@ def _new_tuner(sweep, trials, root, uri, exp_id, parent_id):
         s = sweep.scheduler
         scheduler = ASHAScheduler(time_attr="round", metric=s.metric, mode=s.mode, grace_period=s.grace_period,
                                   reduction_factor=s.reduction_factor,
-                                  max_t=max(t.config.rounds for t in trials))
+                                  max_t=max(p["run"]["rounds"] for p in payloads))
     ckpt_dir = str(root / sweep.name / "trial_checkpoints")
-    param_space = {"trial": tune.grid_search([_trial_payload(t, sweep) for t in trials]),
+    param_space = {"trial": tune.grid_search(list(range(len(payloads)))),
                    "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir}
     return tune.Tuner(
-        _trainable(sweep), param_space=param_space,
+        _trainable(sweep, payloads), param_space=param_space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=sweep.max_concurrent),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, ckpt_dir),
-                       make_progress_callback(len(trials))]))
+            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, ckpt_dir, payloads),
+                       make_progress_callback(payloads)]))
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], path: Path) -> str:
