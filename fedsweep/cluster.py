@@ -17,6 +17,7 @@ sweeps (or tests) does not carry one cluster's mode into the next.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from contextlib import contextmanager
@@ -122,7 +123,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
         else:
             ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
                      logging_level=logging.ERROR)
-        yield session_dir()
+        with _terminate_as_interrupt():
+            yield session_dir()
     finally:
         ray.shutdown()
         for k, v in saved.items():
@@ -131,6 +133,22 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             else:
                 os.environ[k] = v
         _refresh_ray_auth()
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """While Ray runs, SIGTERM (``kill PID``, a batch scheduler's stop) ends the sweep as Ctrl-C does:
+    Tune stops its trials, and the driver closes the open runs and Ray. The handler ``ray.init``
+    installs would end the process with a native stack dump instead. Main thread only."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    finally:   # a handler installed from C reads as None and cannot be put back: the default then
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def session_dir() -> str | None:
