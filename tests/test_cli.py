@@ -70,8 +70,8 @@ def test_missing_data_folder_and_config_file(tmp_path, capsys):
 def test_config_command_prints_resolved_defaults(tmp_path, capsys):
     assert main(["config", write(tmp_path, tiny_raw(algorithm={"name": "fedlga"}))]) == 0
     resolved = yaml.safe_load(capsys.readouterr().out)
-    assert resolved["algorithm"] == {"name": "fedlga", "weighting": "uniform", "reading": "projection", "grad_source": "mean",
-                                     "damping": 1.0, "fallback": "fedavg"}
+    assert resolved["algorithm"] == {"name": "fedlga", "weighting": "uniform", "reading": "continuation", "grad_source": "mean",
+                                     "damping": 0.0, "fallback": "fedavg"}
 
 
 def test_bench_json(tmp_path):
@@ -101,4 +101,4 @@ def test_algorithms_lists_each_family_with_its_whole_first_paragraph(capsys):
     for name in available():
         doc = sys.modules[get_algorithm_class(name).__module__].__doc__.strip().split("\n\n")[0]
         assert f"{name} {' '.join(doc.split())}" in text, name    # every line of it, not just the first
-    assert "algorithm.damping (default 1.0):" in out
+    assert "algorithm.damping (default 0.0):" in out

@@ -5,8 +5,8 @@ from conftest import assert_engines_agree
 
 CASES = {
     "fedavg-stragglers": {},
-    "fedlga-mean": {"algorithm": {"name": "fedlga", "damping": 0.0}},
-    "fedlga-last": {"algorithm": {"name": "fedlga", "grad_source": "last"}},
+    "fedlga-mean": {"algorithm": {"name": "fedlga", "reading": "projection", "damping": 0.0}},
+    "fedlga-last": {"algorithm": {"name": "fedlga", "reading": "projection", "grad_source": "last"}},
     "fedlga-exact": {"algorithm": {"name": "fedlga", "grad_source": "exact"}},
     "fedlga-continuation": {"algorithm": {"name": "fedlga", "reading": "continuation", "damping": 0.0}},
     "fedlga-continuation-exact-epochs": {"local": {"steps": 3, "unit": "epochs", "batch_size": 4, "lr": 0.05},

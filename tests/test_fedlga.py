@@ -9,6 +9,10 @@ from quadratic import ENGINES, POINTS, SIZES, close, make_algorithm, one_round, 
 
 
 def make(name="fedlga", weighting="uniform", **params):
+    """The algorithm on a 3-client, 2-d problem; fedlga's tests below compute the `projection`
+    reading unless they name another."""
+    if name == "fedlga":
+        params.setdefault("reading", "projection")
     cls = get_algorithm_class(name)
     ctx = SetupContext(num_clients=3, dim=2, client_sizes=torch.tensor([1, 1, 3]), weighting=weighting,
                        local_steps=4, device=torch.device("cpu"), dtype=torch.float64)

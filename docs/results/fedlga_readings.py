@@ -40,6 +40,17 @@ def simplicity(row) -> tuple:
             row["algorithm.damping"], row["algorithm.reading"] == "continuation")
 
 
+def drop_noop_damping(trials: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
+    """λ plays no part in extrapolation: keep its λ = 0 trials, and count how many λ = 1 twins agree."""
+    extra = (trials["method"] == "fedlga") & (trials["algorithm.reading"] == "extrapolation")
+    twins = trials[extra & (trials["algorithm.damping"] != 0)]
+    keys = ["algorithm.grad_source", "data.partition.kind", "heterogeneity.rho", "local.lr", "server.lr", "seed"]
+    both = twins.merge(trials[extra & (trials["algorithm.damping"] == 0)], on=keys, suffixes=("", "_0"))
+    same = int(((both["rounds_to_target"] == both["rounds_to_target_0"])
+                | (both["rounds_to_target"].isna() & both["rounds_to_target_0"].isna())).sum())
+    return trials[~(extra & (trials["algorithm.damping"] != 0))], same, len(both)
+
+
 def scores(trials: pd.DataFrame, rounds: int) -> pd.DataFrame:
     """One row per (variant, cell): the best (η_l, η_g) by censored mean rounds to target."""
     df = trials.copy()
@@ -76,6 +87,9 @@ def markdown(best: pd.DataFrame, overall: pd.DataFrame, rounds: int) -> str:
         row = [v]
         for k, rho in cells:
             b = best[(best["variant"] == v) & (best["data.partition.kind"] == k) & (best["heterogeneity.rho"] == rho)]
+            if b.empty:
+                row.append("—")
+                continue
             r = b.iloc[0]
             miss = "" if r["reached"] == r["seeds"] else f" [{int(r['reached'])}/{int(r['seeds'])}]"
             row.append(f"{r['rounds']:.1f}{miss}")
@@ -94,9 +108,19 @@ def main(argv=None) -> int:
     uri = resolve_tracking_uri(sweep.mlflow.tracking_uri)
     trials = load_trials(uri, sweep.mlflow.experiment or sweep.name, sweep.name)
     rounds = int(sweep.base["rounds"])
+    scored = trials["status"].isin(["finished", "diverged"]).sum()
+    from fedsweep.sweep import expand
+    expected = len(expand(sweep, source=str(SWEEP)))
+    if scored < expected:
+        print(f"**Incomplete: {scored} of {expected} trials have ended; the rule needs all of them.**\n")
+    trials, same, pairs = drop_noop_damping(trials)
     best = scores(trials, rounds)
     overall, winner = decide(best, trials)
     print(markdown(best, overall, rounds))
+    if scored < expected:
+        return 1
+    print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
+          f"{same} of {pairs} trial pairs.")
     print(f"\nDefault by the rule: {winner} (mean score {overall.loc[winner, 'mean score']:.2f}; "
           f"ties within {TIE} rounds go to the simpler variant).")
     if args.json:

@@ -16,8 +16,8 @@ Eq. (4)–(5) as printed add a Hessian-vector product (a change of gradient) to 
 so they cannot be used literally; ``reading`` picks how they are read:
 
 - ``projection`` (eq. 5 as printed):      Δ̂_i = Δ_i + G_i (ŵ − w_i).
-  Units do not match (a gradient change is added to a displacement); fedsweep's default until the
-  FedLGA study in docs/results.md.
+  Units do not match (a gradient change is added to a displacement); fedsweep's default before the
+  study below.
 - ``continuation`` (the text around eq. 4: g is "the averaged gradient between epoch E_i and E"):
   the server makes the straggler's m_i missing steps itself, with the Taylor-corrected gradient
   at ŵ,
@@ -25,6 +25,10 @@ so they cannot be used literally; ``reading`` picks how they are read:
   Eq. (4) read as the expansion of the gradient ∇F_i(w_{i,E}) ≈ ∇F_i(w_i) + H_i (w_{i,E} − w_i).
 - ``extrapolation``: the continuation without the Hessian term, Δ̂_i = Δ_i − η_l m_i g_i; with the
   ``mean`` gradient this is linear extrapolation, Δ̂_i = Δ_i (E_i + m_i)/E_i.
+
+The defaults (``continuation``, ``mean``, λ = 0) were chosen by the rule stated in
+sweeps/fedlga_readings.yaml before its 2400 runs (docs/results.md): lowest mean rounds to target
+over two partitions × ρ ∈ {0.1, 0.5, 0.9}, ties to the simpler variant.
 
 m_i are the SGD steps the straggler did not take: E − E_i with ``local.unit: steps``, and
 (E − E_i) passes of ceil(n_i/B) steps with ``local.unit: epochs``.
@@ -36,7 +40,7 @@ Choices the paper leaves open, exposed as options:
   free (no extra upload). ``last``: the gradient of the client's last local step (+1 vector uploaded
   by each straggler). ``exact``: a fresh mini-batch gradient at w_i, the quantity eq. 6 names
   literally (+1 gradient pass and +1 upload per straggler).
-- ``damping`` λ ≥ 0 — G_i v = g_i (g_iᵀv) / (1 + λ‖g_i‖²). λ = 0 is the paper. For λ > 0 this is the
+- ``damping`` λ ≥ 0 (default 0) — G_i v = g_i (g_iᵀv) / (1 + λ‖g_i‖²). λ = 0 is the paper. For λ > 0 this is the
   Sherman–Morrison-damped step: bounded when ‖g‖ is large (it tends to the projection of v on g
   scaled by 1/λ), which keeps early, large-gradient rounds stable.
 - ``fallback`` when every sampled client is a straggler (K_2 empty, ŵ undefined): ``fedavg``
@@ -62,14 +66,14 @@ from fedsweep.algorithms.base import Algorithm
 class FedLGAParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reading: Literal["projection", "continuation", "extrapolation"] = Field(
-        "projection", description="How eq. (4)–(5) are read: `projection` Δ_i + G_i(ŵ − w_i) (eq. 5 as "
+        "continuation", description="How eq. (4)–(5) are read: `projection` Δ_i + G_i(ŵ − w_i) (eq. 5 as "
         "printed); `continuation` Δ_i − η_l m_i (g_i + G_i(ŵ − w_i)), the m_i missing steps taken with the "
         "Taylor-corrected gradient (the text's 'averaged gradient between epoch E_i and E'); "
         "`extrapolation` Δ_i − η_l m_i g_i (no Hessian term).")
     grad_source: Literal["mean", "last", "exact"] = Field(
         "mean", description="g_i for the rank-1 Hessian: `mean` −Δ_i/(η_l E_i) (free), `last` last local "
         "gradient (+1 upload), `exact` fresh gradient at w_i (+1 pass, +1 upload).")
-    damping: float = Field(1.0, ge=0, description="λ: correction g(gᵀv)/(1+λ‖g‖²); 0 is eq. (5)–(6) literally.")
+    damping: float = Field(0.0, ge=0, description="λ: G_i v = g(gᵀv)/(1+λ‖g‖²); 0 is eq. (6) literally.")
     fallback: Literal["fedavg", "extrapolate"] = Field(
         "fedavg", description="When no sampled client completed E: `fedavg` (no correction) or "
         "`extrapolate` (ŵ = w^t + mean Δ_i·E/E_i).")
