@@ -88,12 +88,8 @@ def _dispatch(args) -> int:
             return 0
         if args.no_mlflow:
             cfg.mlflow.enabled = False
-        from fedsweep.data import load_federated  # load (and fail on missing files) before training
-        from fedsweep.run import preflight, run
-        preflight(cfg, output_json=args.output_json, ckpt_dir=args.checkpoint_dir,   # before loading data
-                  ckpt_every=args.checkpoint_every, resume=args.resume)
-        data = load_federated(cfg.data, cfg.seed, server=cfg.server_data)
-        summary = run(cfg, data=data, output_json=args.output_json, progress=not args.quiet,
+        from fedsweep.run import run   # checks every option and output, then loads the data, then trains
+        summary = run(cfg, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
         return 0 if summary["status"] == "finished" else 3
     if args.command == "tune":

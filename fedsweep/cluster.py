@@ -95,10 +95,20 @@ def check_auth(address: str, mode: str, token: str | None, where: str, timeout: 
                               "on the head) or copy it to ~/.ray/auth_token") from None
 
 
+def check_cluster(address: str) -> str:
+    """The auth mode to reach the head at ``address`` with, once the head has accepted it (one line
+    saying what to set otherwise)."""
+    mode, token, where = auth_mode()
+    check_auth(address, mode, token, where)
+    return mode
+
+
 @contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None):
+def ray_session(address: str | None = None, num_cpus: int | None = None, mode: str | None = None):
     """``ray.init`` (a new local instance, or ``address``), ``ray.shutdown`` on the way out; yields
-    the Ray session directory (its processes carry it). The auth environment is restored after."""
+    the Ray session directory (its processes carry it). ``mode``: the auth mode
+    :func:`check_cluster` returned for ``address`` (checked here if not given). The auth environment
+    is restored after."""
     import logging
     saved = {k: os.environ.get(k) for k in AUTH_VARS}
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -106,9 +116,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")   # CPU trials must not grab a GPU
     if address:
-        mode, token, where = auth_mode()
-        check_auth(address, mode, token, where)
-        os.environ["RAY_AUTH_MODE"] = mode            # before ray reads its config (refreshed below)
+        os.environ["RAY_AUTH_MODE"] = mode or check_cluster(address)   # before ray reads its config
     import ray
     for name in ("ray", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.ERROR)

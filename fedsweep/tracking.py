@@ -27,6 +27,11 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri
 
 
+def sqlite_path(uri: str) -> Path:
+    """The database file of a ``sqlite:///PATH[?options]`` URI."""
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
 def _source(uri: str | None) -> str:
     """Where an unresolved tracking URI comes from, for error messages."""
     if uri:
@@ -38,10 +43,9 @@ def _source(uri: str | None) -> str:
 
 def _check_sqlite(uri: str, key: str) -> None:
     from fedsweep.paths import _dir_problem
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
-    if path in ("", ":memory:"):
+    db = sqlite_path(uri)
+    if str(db) in ("", ".", ":memory:"):
         return
-    db = Path(path)
     problem = _dir_problem(db.parent)
     if problem:
         raise ConfigError(f"{key} {uri}: cannot create the store there: {problem}")
@@ -85,7 +89,7 @@ def _open_with_mlflow(uri: str, key: str) -> None:
 
     from fedsweep.locks import store_lock
     try:
-        with store_lock(Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent):   # not mid-creation
+        with store_lock(sqlite_path(uri).parent):   # not mid-creation
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001 - MLflow's own words, in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -150,7 +154,7 @@ def ui_command(uri: str) -> str:
 
 def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+        return (sqlite_path(uri).parent / "mlartifacts").as_uri()
     return None
 
 
@@ -166,7 +170,7 @@ def open_experiment(uri: str, name: str):
     if not uri.startswith("sqlite:///"):
         client = MlflowClient(tracking_uri=uri)
         return client, _get_or_create(client, name, uri)
-    folder = Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent
+    folder = sqlite_path(uri).parent
     folder.mkdir(parents=True, exist_ok=True)
     with store_lock(folder):
         client = MlflowClient(tracking_uri=uri)

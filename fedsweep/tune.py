@@ -346,9 +346,10 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         print(trial_table(trials), file=out)
         return {"trials": len(trials)}
 
+    mode = None
     if address:
-        from fedsweep.cluster import auth_mode, check_auth
-        check_auth(address, *auth_mode())              # reachable, and in the head's auth mode
+        from fedsweep.cluster import check_cluster
+        mode = check_cluster(address)                  # reachable, and in the head's auth mode
     root = storage_dir(sweep, storage)
     check_writable_dir(root, "--storage")
     uri = check_store(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
@@ -374,18 +375,19 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
             else:
                 raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
                                   f"--resume, or start over with --restart")
-        return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, lock=lock)
+        return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
+                          lock=lock)
 
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
-               address: str | None, lock) -> dict:
+               address: str | None, mode: str | None, lock) -> dict:
     from fedsweep.cluster import ray_session
     from fedsweep.run import quiet_logs
     from fedsweep.tracking import open_experiment
     quiet_logs()
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
-    with ray_session(address) as session:
+    with ray_session(address, mode=mode) as session:
         lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
         from ray import tune
         experiment = sweep.mlflow.experiment or sweep.name

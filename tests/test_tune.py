@@ -15,7 +15,7 @@ import yaml
 from mlflow.artifacts import download_artifacts
 
 from fedsweep.cli import main
-from fedsweep.locks import leftovers, store_lock
+from fedsweep.locks import _processes, store_lock
 from fedsweep.sweep import expand, load_sweep
 
 pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
@@ -150,18 +150,8 @@ def _wait_for(predicate, timeout):
 
 def ray_processes_of(pgid: int) -> list[int]:
     """Live Ray processes (gcs, raylet, ``ray::`` agents and workers) in process group ``pgid``."""
-    found = set(leftovers({"pgid": pgid, "host": socket.gethostname()}))
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-                cmd = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z" and int(fields[2]) == pgid and ("ray::" in cmd or "site-packages/ray/" in cmd):
-                found.add(int(entry.name))
-    return sorted(found)
+    return sorted({pid for pid, _, group, cmd in _processes() if group == pgid and pid != os.getpid()
+                   and ("ray::" in cmd or "site-packages/ray/" in cmd)})
 
 
 def start_sweep(path, cwd, uri):
