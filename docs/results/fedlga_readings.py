@@ -2,6 +2,7 @@
 
     fedsweep tune sweeps/fedlga_readings.yaml          # the runs
     python docs/results/fedlga_readings.py [--json OUT] # the table and the decision, in markdown
+    python docs/results/fedlga_readings.py fedlga_epochs  # the same score on sweeps/fedlga_epochs.yaml
 
 The rule (stated in the sweep file before the runs): score(variant, cell) = the lowest, over
 (η_l, η_g), of the mean over seeds of rounds to the target, a seed that never reaches it counting as
@@ -21,7 +22,9 @@ from fedsweep.report import load_trials
 from fedsweep.sweep import load_sweep
 from fedsweep.tracking import resolve_tracking_uri
 
-SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
+SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+CELL = ["data.partition.kind", "heterogeneity.rho"]
+VARIANT = ["algorithm.reading", "algorithm.grad_source", "algorithm.damping"]
 TIE = 0.5
 # Simpler first: fewer terms, then fewer uploads and passes, then no damping; continuation last.
 READING_ORDER = {"extrapolation": 0, "projection": 1, "continuation": 2}
@@ -44,7 +47,7 @@ def drop_noop_damping(trials: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
     """λ plays no part in extrapolation: keep its λ = 0 trials, and count how many λ = 1 twins agree."""
     extra = (trials["method"] == "fedlga") & (trials["algorithm.reading"] == "extrapolation")
     twins = trials[extra & (trials["algorithm.damping"] != 0)]
-    keys = ["algorithm.grad_source", "data.partition.kind", "heterogeneity.rho", "local.lr", "server.lr", "seed"]
+    keys = ["algorithm.grad_source", *CELL, "local.lr", "server.lr", "seed"]
     both = twins.merge(trials[extra & (trials["algorithm.damping"] == 0)], on=keys, suffixes=("", "_0"))
     same = int(((both["rounds_to_target"] == both["rounds_to_target_0"])
                 | (both["rounds_to_target"].isna() & both["rounds_to_target_0"].isna())).sum())
@@ -58,7 +61,7 @@ def scores(trials: pd.DataFrame, rounds: int) -> pd.DataFrame:
     df.loc[df["status"] == "diverged", "rounds"] = rounds + 1
     df["reached"] = df["rounds"] <= rounds
     df["variant"] = df.apply(variant, axis=1)
-    cell = ["data.partition.kind", "heterogeneity.rho"]
+    cell = CELL
     per_lr = (df.groupby(["variant", *cell, "local.lr", "server.lr"])
                 .agg(rounds=("rounds", "mean"), reached=("reached", "sum"), seeds=("seed", "nunique"))
                 .reset_index())
@@ -68,8 +71,7 @@ def scores(trials: pd.DataFrame, rounds: int) -> pd.DataFrame:
 
 def decide(best: pd.DataFrame, trials: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     overall = best.groupby("variant")["rounds"].mean().rename("mean score").to_frame()
-    fedlga = trials[trials["method"] == "fedlga"].drop_duplicates(
-        ["algorithm.reading", "algorithm.grad_source", "algorithm.damping"]).copy()
+    fedlga = trials[trials["method"] == "fedlga"].drop_duplicates(VARIANT).copy()
     fedlga["variant"] = fedlga.apply(variant, axis=1)
     fedlga = fedlga.drop_duplicates("variant").set_index("variant")
     cand = overall.loc[overall.index.isin(fedlga.index)].copy()
@@ -100,17 +102,36 @@ def markdown(best: pd.DataFrame, overall: pd.DataFrame, rounds: int) -> str:
                               "([k/n]: seeds that reached it).")
 
 
+def fill_constant_columns(trials: pd.DataFrame, plan: list) -> pd.DataFrame:
+    """load_trials keeps only the params that vary; take the constant ones from the trials' configs."""
+    by_id = {t.config_id: t.config for t in plan}
+    for key in [*CELL, *VARIANT]:
+        if key not in trials:
+            trials[key] = [_dotted(by_id[c], key) for c in trials["config_id"]]
+    return trials
+
+
+def _dotted(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", nargs="?", default="fedlga_readings", help="a sweep file in sweeps/ (default fedlga_readings)")
     ap.add_argument("--json", help="also write the scores as JSON")
     args = ap.parse_args(argv)
-    sweep = load_sweep(SWEEP)
+    path = SWEEPS / f"{args.sweep}.yaml"
+    sweep = load_sweep(path)
     uri = resolve_tracking_uri(sweep.mlflow.tracking_uri)
     trials = load_trials(uri, sweep.mlflow.experiment or sweep.name, sweep.name)
     rounds = int(sweep.base["rounds"])
     scored = trials["status"].isin(["finished", "diverged"]).sum()
     from fedsweep.sweep import expand
-    expected = len(expand(sweep, source=str(SWEEP)))
+    plan = expand(sweep, source=str(path))
+    expected = len(plan)
+    trials = fill_constant_columns(trials, plan)
     if scored < expected:
         print(f"**Incomplete: {scored} of {expected} trials have ended; the rule needs all of them.**\n")
     trials, same, pairs = drop_noop_damping(trials)
