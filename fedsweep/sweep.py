@@ -190,9 +190,8 @@ def pack_key(cfg: RunConfig) -> str:
 def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
     """The trials' indices as Tune trials ("units"): one each, or packs (``sweep.pack``).
 
-    Packs only join configs with equal :func:`pack_key`. Inside a key, trials are ordered by what
-    their clients run (algorithm, its parameters, η_l) so a pack holds few client groups, each
-    one engine call per round."""
+    Packs only join configs with equal :func:`pack_key`: ``seeds`` packs the seeds of each config,
+    a number N deals the configs of a key round-robin into ceil(count / N) packs."""
     if sweep.pack in (None, 1):
         return [[t.index] for t in trials]
     keyed: dict[str, list[Trial]] = {}
@@ -201,10 +200,15 @@ def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
         keyed.setdefault(key, []).append(t)
     units = []
     for members in keyed.values():
+        if sweep.pack == "seeds":
+            units.append([t.index for t in members])
+            continue
+        # Dealt round-robin in client-code order: packs of equal size and mix (so of similar cost),
+        # each holding runs of members with the same client code.
         members.sort(key=lambda t: (json.dumps(t.config.algorithm.model_dump(mode="json"), sort_keys=True),
                                     t.config.local.lr, t.index))
-        size = len(members) if sweep.pack == "seeds" else sweep.pack
-        units += [[t.index for t in members[i:i + size]] for i in range(0, len(members), size)]
+        n = -(-len(members) // sweep.pack)
+        units += [[t.index for t in members[j::n]] for j in range(n)]
     return units
 
 

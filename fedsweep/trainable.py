@@ -10,6 +10,7 @@ per sweep trial of the unit, the metric rows since the last report; only the dri
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 from fedsweep.config import RunConfig
@@ -20,14 +21,24 @@ def trial_checkpoint(ckpt_dir: str | Path, trial_id: str) -> Path:
     return Path(ckpt_dir) / f"{trial_id}.ckpt"
 
 
+def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
+    """Where a finished trial's worker leaves its MLflow artifacts for the driver to log: rendering
+    them (curves.png) is ~0.2 s a trial, done in parallel here rather than one after another in the
+    driver."""
+    return Path(ckpt_dir).parent / "trial_artifacts" / trial_id / str(index)
+
+
 def _members(module) -> list:
     """The federated runs a trial trains: one module, or a pack's members."""
     return list(module.members) if hasattr(module, "members") else [module]
 
 
-def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int]):
+def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0):
     """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
-    holds, per trial index, the metric rows since the last report (``members``)."""
+    holds, per trial index, the metric rows since the last report (``members``). Reports come at
+    evaluations, at most one per ``min_interval`` seconds (0 with a scheduler, which decides at every
+    evaluation; without one, each report costs a round trip to the driver and nothing is gained by
+    sending rows one evaluation at a time). Checkpoints every ``checkpoint_every`` evaluations."""
     import lightning as L
 
     class TuneReporter(L.Callback):
@@ -37,6 +48,7 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int]):
             # logged, and the driver drops rounds it already has.
             self.sent = [0] * len(trials)
             self.evals = 0
+            self.last = time.monotonic()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             # The last round is reported once, after fit, with the summary: a scheduler may stop the
@@ -46,7 +58,16 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int]):
             if any(m.history and m.rounds_done == module.rounds_done and "test/accuracy" in m.history[-1]
                    and not m.diverged for m in _members(module)):
                 self.evals += 1
-                self.report(trainer, module, checkpoint=self.evals % checkpoint_every == 0)
+                if self.evals % checkpoint_every == 0:
+                    self.save(trainer)
+                if time.monotonic() - self.last >= min_interval:
+                    self.report(trainer, module, checkpoint=False)
+
+        def save(self, trainer):
+            ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ckpt_path.with_suffix(".tmp")
+            trainer.save_checkpoint(tmp)
+            tmp.replace(ckpt_path)
 
         def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
             from ray import tune
@@ -65,21 +86,17 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int]):
             if final:
                 metrics["fedsweep_done"] = True
             if checkpoint:   # before the report: the driver reads it when the trial completes
-                ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = ckpt_path.with_suffix(".tmp")
-                trainer.save_checkpoint(tmp)
-                tmp.replace(ckpt_path)
+                self.save(trainer)
+            self.last = time.monotonic()
             tune.report(metrics)
 
     return TuneReporter()
 
 
-def final_part(cfg: RunConfig, module) -> dict:
+def final_part(summary: dict, rounds: int) -> dict:
     """What a member's last report adds to its rows: its status and summary numbers."""
-    from fedsweep.run import summarize
-    summary = summarize(cfg, module.history, module.diverged)
     return {"status": summary["status"], "best/test_accuracy": summary["best_test_accuracy"] or 0.0,
-            "round": len(module.history),
+            "round": rounds,
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None
                and not isinstance(v, bool)}}
 
@@ -92,13 +109,20 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     from fedsweep.run import train
     trials = units[config["trial"]]
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
-    ckpt = trial_checkpoint(config["ckpt_dir"], tune.get_context().get_trial_id())
-    reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials)
+    trial_id = tune.get_context().get_trial_id()
+    ckpt = trial_checkpoint(config["ckpt_dir"], trial_id)
+    reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0))
     resume = ckpt if ckpt.is_file() else None
     if len(cfgs) == 1:
         module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
     else:
         from fedsweep.pack import train_packed
         module = train_packed(cfgs, resume=resume, callbacks=[reporter])
-    final = [final_part(c, m) for c, m in zip(cfgs, _members(module))]
+    from fedsweep.run import summarize, write_artifacts
+    final = []
+    for index, cfg, m in zip(trials, cfgs, _members(module)):
+        summary = summarize(cfg, m.history, m.diverged)
+        no_model = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})})
+        write_artifacts(no_model, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index))
+        final.append(final_part(summary, len(m.history)))
     reporter.report(module.trainer, module, checkpoint=True, final=final)

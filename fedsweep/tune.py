@@ -30,6 +30,9 @@ STATE_FILE = "fedsweep_sweep.json"
 # (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
 # exactly the trials the sweep started with, even if the sweep file was edited since.
 TRIALS_FILE = "fedsweep_trials.json"
+# Without a scheduler, a trial reports to Tune at most this often (every row still arrives): a
+# report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
+REPORT_EVERY_S = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,47 +130,59 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
                address: str | None, mode: str | None, lock) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
     from fedsweep.cluster import ray_session
     from fedsweep.run import quiet_logs
     from fedsweep.tracking import open_experiment
-    quiet_logs()
+    quiet_logs(lightning=False)
+    experiment = sweep.mlflow.experiment or sweep.name
+    with ThreadPoolExecutor(1) as pool:
+        # MLflow's import and the store's opening (its schema migrations, for a new store) take
+        # seconds, mostly while Ray starts its processes: overlap them. Runs are written only once
+        # Ray is up.
+        store = pool.submit(open_experiment, uri, experiment)
+        with ray_session(address, mode=mode) as session:
+            lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
+            client, exp_id = store.result()
+            return _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
+
+
+def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> dict:
+    """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
+    from ray import tune
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
-    with ray_session(address, mode=mode) as session:
-        lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
-        from ray import tune
-        experiment = sweep.mlflow.experiment or sweep.name
-        client, exp_id = open_experiment(uri, experiment)
-        if resume:
-            state = json.loads(state_path.read_text())
-            parent_id = state["parent_run_id"]
-            saved = json.loads((exp_dir / TRIALS_FILE).read_text())
-            payloads, units = saved["trials"], saved["units"]
-            client.set_terminated(parent_id, status="RUNNING")
-            tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep, payloads, units),
-                                       resume_errored=True)
-        else:
-            units = pack_units(sweep, trials)
-            parent_id = _create_parent(client, exp_id, sweep, trials, units, path)
-            exp_dir.mkdir(parents=True, exist_ok=True)
-            payloads = [_trial_payload(t, sweep) for t in trials]
-            (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
-            state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
-                                              "experiment": experiment, "finished": False}))
-            tuner = _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id)
-        total = len(payloads)
-        packs = f" in {len(units)} packs" if len(units) < total else ""
-        print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
-        tuner.fit()
-        interrupted = _close_interrupted(client, exp_id, parent_id)
-        counts = _outcomes(client, exp_id, parent_id)
-        unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
+    if resume:
         state = json.loads(state_path.read_text())
-        state["finished"] = unfinished == 0
-        state_path.write_text(json.dumps(state))
-        client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
-        return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-                "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
+        parent_id = state["parent_run_id"]
+        saved = json.loads((exp_dir / TRIALS_FILE).read_text())
+        payloads, units = saved["trials"], saved["units"]
+        client.set_terminated(parent_id, status="RUNNING")
+        tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep, payloads, units),
+                                   resume_errored=True)
+    else:
+        units = pack_units(sweep, trials)
+        parent_id = _create_parent(client, exp_id, sweep, trials, units, path)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        payloads = [_trial_payload(t, sweep) for t in trials]
+        (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
+        state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
+                                          "experiment": experiment, "finished": False}))
+        tuner = _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id)
+    total = len(payloads)
+    packs = f" in {len(units)} packs" if len(units) < total else ""
+    print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
+    tuner.fit()
+    interrupted = _close_interrupted(client, exp_id, parent_id)
+    counts = _outcomes(client, exp_id, parent_id)
+    unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
+    state = json.loads(state_path.read_text())
+    state["finished"] = unfinished == 0
+    state_path.write_text(json.dumps(state))
+    client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
+    return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
+            "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
 def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]]):
@@ -189,7 +204,8 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
                                   max_t=max(p["run"]["rounds"] for p in payloads))
     ckpt_dir = str(root / sweep.name / "trial_checkpoints")
     param_space = {"trial": tune.grid_search(list(range(len(units)))),
-                   "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir}
+                   "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir,
+                   "report_every_s": 0.0 if scheduler is not None else REPORT_EVERY_S}
     return tune.Tuner(
         _trainable(sweep, payloads, units), param_space=param_space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tempfile
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from fedsweep.config import RunConfig
-from fedsweep.trainable import trial_checkpoint
+from fedsweep.trainable import trial_artifacts, trial_checkpoint
 
 # A trial's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged trial ran to
 # its end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
@@ -25,6 +26,10 @@ from fedsweep.trainable import trial_checkpoint
 MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
                  "interrupted": "KILLED"}
 FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
+# Metric rows reach MLflow at most this often per run (and all of them when the trial ends): a write
+# costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
+# pack of 36 configs written every 2 s kept it busy half the time while the workers waited.
+FLUSH_SECONDS = 10.0
 
 
 
@@ -40,18 +45,23 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.ckpt_dir, self.payloads, self.units = ckpt_dir, payloads, units
             self._reset()
 
-        def _reset(self):
+        def _reset(self, restored: bool = False):
             self.runs: dict[tuple, str] = {}        # (Tune trial id, sweep trial index) -> MLflow run id
-            self.logged: dict[tuple, int] = {}      # -> last round logged
+            self.logged: dict[tuple, int] = {}      # -> last round logged or waiting in `pending`
+            self.pending: dict[tuple, list] = {}    # -> rows not yet written
+            self.flushed: dict[tuple, float] = {}   # -> when rows were last written
             self.closed: set[tuple] = set()         # runs that already hold their final result
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
+            # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
+            self.restored = restored
 
         def __getstate__(self):                      # pickled into Tune's experiment state
-            return {k: v for k, v in self.__dict__.items() if k not in ("runs", "logged", "closed", "final", "_client")}
+            return {k: v for k, v in self.__dict__.items()
+                    if k not in ("runs", "logged", "pending", "flushed", "closed", "final", "restored", "_client")}
 
         def __setstate__(self, state):
             self.__dict__.update(state)
-            self._reset()
+            self._reset(restored=True)
 
         @property
         def client(self):
@@ -64,7 +74,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             key = (trial.trial_id, index)
             if key in self.runs:
                 return self.runs[key]
-            found = self.client.search_runs(
+            found = self.restored and self.client.search_runs(
                 [self.experiment_id], filter_string=f"tags.`ray.trial_id` = '{trial.trial_id}' and "
                 f"tags.`fedsweep.trial` = '{index}' and tags.`mlflow.parentRunId` = '{self.parent_id}'", max_results=1)
             if found:
@@ -101,19 +111,32 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._run_for(trial, index)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            from fedsweep.tracking import metrics_of
             for index, part in result.get("members", {}).items():
                 key = (trial.trial_id, int(index))
-                run_id = self._run_for(trial, int(index))
+                self._run_for(trial, int(index))
                 done = self.logged.get(key, 0)
                 rows = [r for r in part.get("rows", []) if r["round"] > done]
                 if rows:
-                    metrics = metrics_of(rows, int(time.time() * 1000))
-                    for i in range(0, len(metrics), 1000):
-                        self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+                    self.pending.setdefault(key, []).extend(rows)
                     self.logged[key] = rows[-1]["round"]
+                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                    self.flush(key)
                 if "status" in part:
                     self.final[key] = part["status"]
+
+        def on_experiment_end(self, trials, **info):
+            self.flush()            # Tune calls this after an interruption (Ctrl-C) too
+
+        def flush(self, key=None):
+            """Write the rows waiting for run ``key`` (every run's without one)."""
+            from fedsweep.tracking import metrics_of
+            for k in [key] if key is not None else list(self.pending):
+                rows = self.pending.pop(k, [])
+                self.flushed[k] = time.time()
+                if rows:
+                    metrics = metrics_of(rows, int(time.time() * 1000))
+                    for i in range(0, len(metrics), 1000):
+                        self.client.log_batch(self.runs[k], metrics=metrics[i:i + 1000])
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
@@ -130,23 +153,32 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
             run_id = self._run_for(trial, index)
+            self.flush(key)
             if key in self.closed:
                 return
             self.closed.add(key)
-            cfg = RunConfig(**self.payloads[index]["run"])
-            unit = self.units[trial.config["trial"]]
-            history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
-                                                           unit.index(index) if len(unit) > 1 else None)
             tags = {"fedsweep.status": status}
-            if history:
-                summary = summarize(cfg, history, diverged=status == "diverged")
-                summary["status"] = status
+            made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
+            if status in ("finished", "diverged") and (made / "summary.json").is_file():
+                # the worker rendered them at its end (trainable.run_unit): only log them
+                summary = {**json.loads((made / "summary.json").read_text()), "status": status}
                 self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
-                with tempfile.TemporaryDirectory() as tmp:
-                    write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})}),
-                                    _HistoryOnly(history, client_log), summary, Path(tmp))
-                    self.client.log_artifacts(run_id, tmp)
+                self.client.log_artifacts(run_id, str(made))
                 tags = run_tags(summary)
+            else:   # stopped by a scheduler, or failed: what its last checkpoint holds
+                cfg = RunConfig(**self.payloads[index]["run"])
+                unit = self.units[trial.config["trial"]]
+                history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
+                                                               unit.index(index) if len(unit) > 1 else None)
+                if history:
+                    summary = summarize(cfg, history, diverged=status == "diverged")
+                    summary["status"] = status
+                    self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
+                    with tempfile.TemporaryDirectory() as tmp:
+                        write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(
+                            update={"log_model": False})}), _HistoryOnly(history, client_log), summary, Path(tmp))
+                        self.client.log_artifacts(run_id, tmp)
+                    tags = run_tags(summary)
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
 
