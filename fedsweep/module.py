@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -31,6 +32,16 @@ from fedsweep.engine.functional import FunctionalModel
 from fedsweep.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
 from fedsweep.models import build_model
 from fedsweep.rng import derive_seed, generator
+
+
+@dataclass
+class RoundWork:
+    """One config's round between planning and aggregation (what the engine is handed)."""
+    plan: Any
+    batches: Any           # Batches on the device; None when no client is contacted
+    probe: Any
+    shared: dict
+    own: dict
 
 
 class Rounds:
@@ -116,25 +127,40 @@ class FederatedModule(L.LightningModule):
     # ----- one round -------------------------------------------------------------------------------
     def run_round(self, t: int) -> dict[str, float]:
         """Plan, train the K clients, aggregate, step the server. Returns the round's metrics."""
-        cfg, algo = self.cfg, self.algorithm
         start = time.perf_counter()
+        work = self.prepare_round(t)
+        if work.batches is not None:
+            uploads, client_loss = self.engine.run(self.w.detach(), work.plan, work.batches, work.probe,
+                                                   work.shared, work.own)
+        else:   # server-only training: no client is contacted
+            uploads, client_loss = {}, torch.full((work.plan.num_sampled,), float("nan"), device=self.w.device)
+        return self.finish_round(work, uploads, client_loss, self.optimizers(), start)
+
+    def prepare_round(self, t: int) -> "RoundWork":
+        """The part of round t before local training: the plan, what the server sends, the batches
+        (None when the algorithm contacts no client)."""
+        cfg, algo = self.cfg, self.algorithm
         plan = self.planner.plan(t)
         plan.server = self.server_round(t)
-        dev = self.w.device
         w = self.w.detach()
         with torch.no_grad():
             shared = algo.broadcast(w, plan)
             own = algo.client_state(plan)
+        batches = probe = None
         if algo.uses_clients:
-            batches = schedule_batches(plan, self.table_cpu, cfg.local.batch_size, cfg.local.unit, cfg.seed)
+            dev = self.w.device
+            batches = schedule_batches(plan, self.table_cpu, cfg.local.batch_size, cfg.local.unit, cfg.seed).to(dev)
             probe = probe_batches(algo.probe, plan, self.table_cpu, cfg.local.batch_size, cfg.seed)
             probe = probe.to(dev) if probe is not None else None
-            uploads, client_loss = self.engine.run(w, plan, batches.to(dev), probe, shared, own)
-        else:   # server-only training: no client is contacted
-            uploads, client_loss = {}, torch.full((plan.num_sampled,), float("nan"), device=dev)
+        return RoundWork(plan, batches, probe, shared, own)
+
+    def finish_round(self, work: "RoundWork", uploads, client_loss, opt, start: float) -> dict[str, float]:
+        """The part of round t after local training: aggregate, the server optimizer ``opt`` steps on
+        −u, server-side training; returns the round's metrics."""
+        algo, plan, t = self.algorithm, work.plan, work.plan.round
+        dev = self.w.device
         with torch.no_grad():
-            update = algo.aggregate(w, uploads, plan)
-        opt = self.optimizers()
+            update = algo.aggregate(self.w.detach(), uploads, plan)
         opt.zero_grad()
         self.w.grad = -update
         opt.step()

@@ -20,14 +20,18 @@ def curves_png(history: list[dict], path: Path, title: str = "") -> Path:
     ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend()
-    return save_figure(fig, path, title)
+    # Fixed margins instead of tight_layout, which draws the figure twice: every trial of a sweep
+    # renders this plot (0.24 s -> 0.15 s).
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.84 if title else 0.9, wspace=0.22)
+    return save_figure(fig, path, title, tight=False)
 
 
-def save_figure(fig, path: Path, title: str = "") -> Path:
+def save_figure(fig, path: Path, title: str = "", tight: bool = True) -> Path:
     """The common ending of every fedsweep figure: optional title, tight layout, PNG, close."""
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

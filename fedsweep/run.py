@@ -143,13 +143,16 @@ class _Checkpointer:
         return Checkpointer()
 
 
-def quiet_logs() -> None:
-    """Only warnings and errors from Lightning, MLflow's store set-up and alembic."""
+def quiet_logs(lightning: bool = True) -> None:
+    """Only warnings and errors from Lightning (unless ``lightning=False``: a sweep's driver never
+    imports it, ~4 s), MLflow's store set-up and alembic."""
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)   # schema-creation chatter
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if not lightning:
+        return
     import lightning  # noqa: F401  (its import resets the logger level: set it after)
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)   # schema-creation chatter
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
@@ -233,8 +236,6 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
           resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None):
     """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
-    import lightning as L
-
     from fedsweep.module import FederatedModule
     quiet_logs()
     accelerator = resolve_device(cfg.device)
@@ -257,16 +258,20 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         cbs.append(_Checkpointer(Path(ckpt_dir), ckpt_every))
     # Rounds are counted by optimizer steps (one server step per round), not epochs: a checkpoint
     # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
-    trainer = L.Trainer(accelerator=accelerator, devices=1, max_epochs=-1,
-                        max_steps=min(max_rounds or cfg.rounds, cfg.rounds),
-                        limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=cbs)
-    torch.set_float32_matmul_precision("high")
+    trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), cbs)
     trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
     if module.history and "test/accuracy" not in module.history[-1]:
         module.record_eval()   # a run cut short (divergence, max_rounds) still ends evaluated
     return module
+
+
+def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epochs: int = -1):
+    """The Trainer of a run: fedsweep's own evaluation and checkpoints, no logger or progress bar."""
+    import lightning as L
+    torch.set_float32_matmul_precision("high")
+    return L.Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, max_steps=max_steps,
+                     limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
 def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> Path:

@@ -77,6 +77,10 @@ class SweepConfig(_Strict):
     max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
     checkpoint_every: int = Field(1, ge=1, description="Evaluations between trial checkpoints.")
     scheduler: SchedulerConfig | None = None
+    pack: int | Literal["seeds"] | None = Field(
+        None, description="Train several configs in one trial (docs/sweeps.md, Packed trials): `seeds` packs the "
+        "seeds of each config, a number N packs up to N configs that share model, data source and rounds (say "
+        "trials ÷ concurrent trials). Each config stays its own MLflow run; not with `scheduler`.")
     mlflow: SweepMlflowConfig = Field(default_factory=SweepMlflowConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
 
@@ -133,6 +137,11 @@ def load_sweep(path: str | Path) -> SweepConfig:
     for key, values in {**sweep.grid, **{k: v for g in (sweep.methods or {}).values() for k, v in g.items()}}.items():
         if not values:
             raise ConfigError(f"{path}: grid key {key}: empty list of values")
+    if isinstance(sweep.pack, int) and sweep.pack < 1:
+        raise ConfigError(f"{path}: pack: {sweep.pack} is not allowed; allowed: a number ≥ 1, `seeds`, or no `pack`")
+    if sweep.pack not in (None, 1) and sweep.scheduler is not None:
+        raise ConfigError(f"{path}: pack: a scheduler stops trials one by one, and a packed trial trains several "
+                          f"configs in one process; remove `scheduler` or `pack`")
     if sweep.scheduler is not None and sweep.scheduler.metric not in TUNE_METRICS:
         # Ray would only refuse it in every trial, after the sweep has started
         raise ConfigError(f"{path}: scheduler.metric: {sweep.scheduler.metric!r} is not a metric trials report; "
@@ -164,6 +173,43 @@ def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
                         raise ConfigError(f"{source}: {e}") from None
                     trials.append(Trial(len(trials), method, seed, overrides, cfg))
     return trials
+
+
+# Data keys packed configs may set apart: they only change which samples are whose.
+_PER_MEMBER_DATA = ("partition", "num_clients", "train_size")
+
+
+def pack_key(cfg: RunConfig) -> str:
+    """Configs with equal keys can train in one pack (fedsweep/pack.py): same model, data source,
+    round count, engine and device."""
+    data = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in _PER_MEMBER_DATA}
+    return json.dumps({"rounds": cfg.rounds, "model": cfg.model.model_dump(mode="json"), "data": data,
+                       "engine": cfg.engine, "device": cfg.device}, sort_keys=True)
+
+
+def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
+    """The trials' indices as Tune trials ("units"): one each, or packs (``sweep.pack``).
+
+    Packs only join configs with equal :func:`pack_key`: ``seeds`` packs the seeds of each config,
+    a number N deals the configs of a key round-robin into ceil(count / N) packs."""
+    if sweep.pack in (None, 1):
+        return [[t.index] for t in trials]
+    keyed: dict[str, list[Trial]] = {}
+    for t in trials:
+        key = pack_key(t.config) + (t.config_id if sweep.pack == "seeds" else "")
+        keyed.setdefault(key, []).append(t)
+    units = []
+    for members in keyed.values():
+        if sweep.pack == "seeds":
+            units.append([t.index for t in members])
+            continue
+        # Dealt round-robin in client-code order: packs of equal size and mix (so of similar cost),
+        # each holding runs of members with the same client code.
+        members.sort(key=lambda t: (json.dumps(t.config.algorithm.model_dump(mode="json"), sort_keys=True),
+                                    t.config.local.lr, t.index))
+        n = -(-len(members) // sweep.pack)
+        units += [[t.index for t in members[j::n]] for j in range(n)]
+    return units
 
 
 def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:

@@ -15,11 +15,6 @@ from fedsweep.engine import batched
 from fedsweep.engine.functional import masked_weights
 
 
-def _vmap(fn, *args):
-    """vmap over the leading (client) dim of every argument that is not None."""
-    return vmap(fn, in_dims=tuple(None if a is None else 0 for a in args))(*args)
-
-
 class VectorizedEngine:
     """``fast_grad``: MLP-shaped models (Linear/ReLU/Flatten) get hand-written batched gradients
     (:mod:`fedsweep.engine.batched`) instead of ``torch.func.grad``; same numbers, less overhead.
@@ -47,14 +42,24 @@ class VectorizedEngine:
 
     def run(self, w, plan, batches, probe, shared, own):
         """Uploads stacked (K, ...) and each client's mean training loss over its steps (K,)."""
-        algo, ops, K, lr = self.algo, self.ops, plan.num_sampled, plan.lr
+        return self.run_rows(w, plan.steps, plan.lr, batches, probe, shared, own, per_row=False)
+
+    def run_rows(self, w, steps, lr, batches, probe, shared, own, per_row: bool = True):
+        """The K rows of :meth:`run` given as tensors; with ``per_row`` each row has its own w^t (w is
+        (K, n)) and its own shared tensors (each (K, ...)): rows of several configs trained in one
+        call (:mod:`fedsweep.pack`). ``steps`` (K,) on the CPU; ``lr`` one float for all rows."""
+        algo, ops, K = self.algo, self.ops, int(steps.numel())
         dtype = self.data.x.dtype
+        wd = 0 if per_row else None           # vmap's in_dim of w and of the shared tensors
         probe_b = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype)) \
             if probe is not None else None
         weights = masked_weights(batches.mask, dtype)         # (K, S, B), once for all steps
 
-        if own or probe_b is not None:
-            state = _vmap(lambda o, p: algo.client_init(w, shared, o, ops, p), own, probe_b)
+        def dims(*args):
+            return tuple(None if a is None else 0 for a in args)
+        if own or probe_b is not None or per_row:
+            state = vmap(lambda w_, sh, o, p: algo.client_init(w_, sh, o, ops, p),
+                         in_dims=(wd, wd, *dims(own, probe_b)))(w, shared, own, probe_b)
         else:  # nothing differs between clients yet: initialise once, broadcast (no copy)
             state = {k: v.expand(K, *v.shape)
                      for k, v in algo.client_init(w, shared, own, ops, None).items()}
@@ -62,35 +67,37 @@ class VectorizedEngine:
         def stepper(grad_fn, loss_fn):
             """One local step of ``client_step`` that also returns the step's training loss (the
             first gradient pass's)."""
-            def one_step(st, b):
+            def one_step(st, b, sh):
                 seen = []
 
                 def grad(w_, batch):
                     loss, g = grad_fn(w_, batch)
                     seen.append(loss)
                     return loss, g
-                return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn), lr, shared), seen[0]
+                return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn), lr, sh), seen[0]
             return one_step
 
         if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
             stacked = batched.stacked_ops(self._chain, K)
             step = stepper(stacked.grad, stacked.loss)
         else:
-            step = vmap(stepper(self._grad, ops.loss))
-        steps = plan.steps.to(w.device)
-        n_all = int(plan.steps.min())      # steps every client takes: no mask needed
-        loss_sum = torch.zeros(K, device=w.device, dtype=w.dtype)
-        for s in range(int(plan.steps.max())):
-            new, loss = step(state, self._gather(batches.index[:, s], weights[:, s]))
+            step = vmap(stepper(self._grad, ops.loss), in_dims=(0, 0, wd))
+        device = batches.index.device
+        steps_dev = steps.to(device)
+        n_all = int(steps.min())      # steps every client takes: no mask needed
+        loss_sum = torch.zeros(K, device=device, dtype=dtype)
+        for s in range(int(steps.max())):
+            new, loss = step(state, self._gather(batches.index[:, s], weights[:, s]), shared)
             if s < n_all:
                 state = new
                 loss_sum = loss_sum + loss
             else:
-                active = s < steps
+                active = s < steps_dev
                 state = {k: torch.where(active.view(K, *[1] * (v.dim() - 1)), new[k], v)
                          for k, v in state.items()}
                 loss_sum = loss_sum + torch.where(active, loss, torch.zeros_like(loss))
 
-        uploads = _vmap(lambda st, p: algo.client_final(st, w, ops, p), state, probe_b)
-        return uploads, loss_sum / steps.clamp(min=1).to(loss_sum) + torch.where(
-            steps > 0, 0.0, float("nan")).to(loss_sum)
+        uploads = vmap(lambda st, w_, p: algo.client_final(st, w_, ops, p),
+                       in_dims=(0, wd, *dims(probe_b)))(state, w, probe_b)
+        return uploads, loss_sum / steps_dev.clamp(min=1).to(loss_sum) + torch.where(
+            steps_dev > 0, 0.0, float("nan")).to(loss_sum)

@@ -1,0 +1,138 @@
+"""What a whole sweep costs against what its trials cost, unpacked and packed, in one run.
+
+    python benchmarks/sweep.py sweeps/fedlga.yaml --pack 36 --json benchmarks/results-sweep-cpu-2core.json
+
+Measured, in this order, each on the same machine with nothing else running:
+
+1. ``import lightning`` and ``fedsweep run`` of 1 round, each a fresh ``python`` process;
+2. every trial of the sweep trained in this process, one after another, on as many threads as a
+   Ray worker gets (``resources.cpu``): the sum is what the trials cost;
+3. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
+   fixed start-up (command start -> first trial's MLflow run created), per-trial overhead
+   ((wall − start-up) × concurrency / trials − mean in-process trial time);
+4. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 3.
+
+Goals (issue 13): wall ≤ 1.3 × sum / concurrency + 10 s unpacked; packed ≥ 4× the unpacked
+trials per minute. Output: a table on stdout and, with ``--json``, every number.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+def timed_process(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, proc.stderr
+
+
+def in_process_trials(sweep_path: str, threads: int) -> list[float]:
+    """Each trial trained in this process (no MLflow), as a Ray worker runs it; seconds each."""
+    import torch
+
+    from fedsweep.run import train
+    from fedsweep.sweep import expand, load_sweep
+    torch.set_num_threads(threads)
+    sweep = load_sweep(sweep_path)
+    times = []
+    for t in expand(sweep, source=sweep_path):
+        cfg = t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),
+                                          "device": "cpu"})
+        t0 = time.perf_counter()
+        train(cfg, progress=False)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def tune_wall(sweep_path: str, work: Path, pack) -> dict:
+    """``fedsweep tune`` in a fresh process on a copy of the sweep (``pack`` set), its own store."""
+    from mlflow import MlflowClient
+    spec = yaml.safe_load(Path(sweep_path).read_text())
+    spec["name"] = f"{spec.get('name', Path(sweep_path).stem)}_{'packed' if pack else 'unpacked'}"
+    spec.pop("pack", None)
+    if pack:
+        spec["pack"] = pack
+    path = work / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    uri = f"sqlite:///{work / (spec['name'] + '.db')}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    start_ms = time.time() * 1000
+    wall, err = timed_process([sys.executable, "-m", "fedsweep.cli", "tune", str(path),
+                               "--storage", str(work / "runs")], env=env, cwd=str(work))
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(spec["name"])
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`fedsweep.role` = 'trial'",
+                              max_results=100_000)
+    statuses = sorted({r.data.tags.get("fedsweep.status") for r in runs})
+    first = min(r.info.start_time for r in runs)
+    return {"wall_s": wall, "startup_s": (first - start_ms) / 1000, "trials": len(runs), "statuses": statuses,
+            "trials_per_min": 60 * len(runs) / wall}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", help="a sweep file (e.g. sweeps/fedlga.yaml)")
+    ap.add_argument("--pack", default=None, help="the pack: setting of the packed run (a number or seeds); "
+                    "default: trials ÷ concurrency")
+    ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--skip-in-process", action="store_true", help="skip step 2 (the sum of trial times)")
+    args = ap.parse_args(argv)
+    from fedsweep.sweep import expand, load_sweep
+    sweep = load_sweep(args.sweep)
+    trials = expand(sweep, source=args.sweep)
+    cpus = os.cpu_count() or 1
+    concurrency = min(sweep.max_concurrent or cpus, int(cpus // sweep.resources.cpu) or 1)
+    pack = args.pack or -(-len(trials) // concurrency)
+    pack = int(pack) if str(pack).isdigit() else pack
+    out: dict = {"sweep": args.sweep, "trials": len(trials), "concurrency": concurrency, "pack": pack,
+                 "machine": {"cpus": cpus, "platform": platform.platform(), "python": platform.python_version()}}
+
+    out["import_lightning_s"], _ = timed_process([sys.executable, "-c", "import lightning"])
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base.yaml"
+        base.write_text(yaml.safe_dump({**sweep.base, "rounds": 1, "mlflow": {"enabled": False}}))
+        out["fedsweep_run_1_round_s"], _ = timed_process([sys.executable, "-m", "fedsweep.cli", "run", str(base)])
+    print(f"import lightning {out['import_lightning_s']:.2f} s; fedsweep run of 1 round "
+          f"{out['fedsweep_run_1_round_s']:.2f} s", flush=True)
+
+    if not args.skip_in_process:
+        times = in_process_trials(args.sweep, max(int(sweep.resources.cpu), 1))
+        out["in_process"] = {"sum_s": sum(times), "mean_s": sum(times) / len(times), "max_s": max(times)}
+        out["ideal_wall_s"] = sum(times) / concurrency
+        out["goal_wall_s"] = 1.3 * out["ideal_wall_s"] + 10
+        print(f"in process: {len(times)} trials, sum {sum(times):.1f} s (ideal wall at {concurrency} at once: "
+              f"{out['ideal_wall_s']:.1f} s; goal ≤ {out['goal_wall_s']:.1f} s)", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, p in (("unpacked", None), ("packed", pack)):
+            r = tune_wall(args.sweep, Path(tmp), p)
+            out[name] = r
+            if "in_process" in out:
+                r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
+                                             - out["in_process"]["mean_s"])
+            print(f"{name}: wall {r['wall_s']:.1f} s, start-up {r['startup_s']:.1f} s, "
+                  f"{r['trials_per_min']:.0f} trials/min"
+                  + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else ""),
+                  flush=True)
+    out["packed_speedup"] = out["packed"]["trials_per_min"] / out["unpacked"]["trials_per_min"]
+    print(f"packed / unpacked trials per minute: {out['packed_speedup']:.1f}×")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

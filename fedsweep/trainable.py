@@ -1,0 +1,128 @@
+"""Inside a Ray worker: one Tune trial of a sweep, a "unit" (one federated run, or a pack of them).
+
+It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`, or
+:func:`fedsweep.pack.train_packed` for a pack), reports at every evaluation (so ASHA can stop it),
+and keeps its Lightning checkpoint at a stable path, ``<sweep>/trial_checkpoints/<trial id>.ckpt``
+(replaced atomically), so a retried or resumed trial continues from there. Each report carries,
+per sweep trial of the unit, the metric rows since the last report; only the driver writes MLflow
+(:mod:`fedsweep.tune_callbacks`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from fedsweep.config import RunConfig
+
+
+
+def trial_checkpoint(ckpt_dir: str | Path, trial_id: str) -> Path:
+    return Path(ckpt_dir) / f"{trial_id}.ckpt"
+
+
+def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
+    """Where a finished trial's worker leaves its MLflow artifacts for the driver to log: rendering
+    them (curves.png) is ~0.2 s a trial, done in parallel here rather than one after another in the
+    driver."""
+    return Path(ckpt_dir).parent / "trial_artifacts" / trial_id / str(index)
+
+
+def _members(module) -> list:
+    """The federated runs a trial trains: one module, or a pack's members."""
+    return list(module.members) if hasattr(module, "members") else [module]
+
+
+def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0):
+    """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
+    holds, per trial index, the metric rows since the last report (``members``). Reports come at
+    evaluations, at most one per ``min_interval`` seconds (0 with a scheduler, which decides at every
+    evaluation; without one, each report costs a round trip to the driver and nothing is gained by
+    sending rows one evaluation at a time). Checkpoints every ``checkpoint_every`` evaluations."""
+    import lightning as L
+
+    class TuneReporter(L.Callback):
+        def __init__(self):
+            # History rows already reported, per member. A resumed trial starts at 0 and re-sends what
+            # its checkpoint restored: the checkpoint may be newer than the last report the driver
+            # logged, and the driver drops rounds it already has.
+            self.sent = [0] * len(trials)
+            self.evals = 0
+            self.last = time.monotonic()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            # The last round is reported once, after fit, with the summary: a scheduler may stop the
+            # trial at any report, and the one it sees at the end must already say "done".
+            if module.rounds_done == module.cfg.rounds:
+                return
+            if any(m.history and m.rounds_done == module.rounds_done and "test/accuracy" in m.history[-1]
+                   and not m.diverged for m in _members(module)):
+                self.evals += 1
+                if self.evals % checkpoint_every == 0:
+                    self.save(trainer)
+                if time.monotonic() - self.last >= min_interval:
+                    self.report(trainer, module, checkpoint=False)
+
+        def save(self, trainer):
+            ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ckpt_path.with_suffix(".tmp")
+            trainer.save_checkpoint(tmp)
+            tmp.replace(ckpt_path)
+
+        def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
+            from ray import tune
+            parts, latest = {}, []
+            for i, (index, m) in enumerate(zip(trials, _members(module))):
+                parts[str(index)] = {"rows": m.history[self.sent[i]:], **(final[i] if final else {})}
+                self.sent[i] = len(m.history)
+                evals = [h for h in m.history if "test/accuracy" in h]
+                latest.append((evals[-1] if evals else None, max((h["test/accuracy"] for h in evals), default=0.0)))
+            # What a scheduler and the progress line read: the trial's (a pack's best member's) numbers.
+            last, best = max(latest, key=lambda e: e[1])
+            metrics = {"round": module.rounds_done, "members": parts,
+                       "test/accuracy": last["test/accuracy"] if last else 0.0,
+                       "test/loss": last["test/loss"] if last else math.inf,
+                       "best/test_accuracy": best}
+            if final:
+                metrics["fedsweep_done"] = True
+            if checkpoint:   # before the report: the driver reads it when the trial completes
+                self.save(trainer)
+            self.last = time.monotonic()
+            tune.report(metrics)
+
+    return TuneReporter()
+
+
+def final_part(summary: dict, rounds: int) -> dict:
+    """What a member's last report adds to its rows: its status and summary numbers."""
+    return {"status": summary["status"], "best/test_accuracy": summary["best_test_accuracy"] or 0.0,
+            "round": rounds,
+            **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None
+               and not isinstance(v, bool)}}
+
+
+def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
+    """The Ray Tune function trainable: a unit of the sweep (``units[config["trial"]]``: one federated
+    run, or a pack of them trained together), resumed from its checkpoint if any."""
+    from ray import tune
+
+    from fedsweep.run import train
+    trials = units[config["trial"]]
+    cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
+    trial_id = tune.get_context().get_trial_id()
+    ckpt = trial_checkpoint(config["ckpt_dir"], trial_id)
+    reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0))
+    resume = ckpt if ckpt.is_file() else None
+    if len(cfgs) == 1:
+        module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
+    else:
+        from fedsweep.pack import train_packed
+        module = train_packed(cfgs, resume=resume, callbacks=[reporter])
+    from fedsweep.run import summarize, write_artifacts
+    final = []
+    for index, cfg, m in zip(trials, cfgs, _members(module)):
+        summary = summarize(cfg, m.history, m.diverged)
+        no_model = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})})
+        write_artifacts(no_model, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index))
+        final.append(final_part(summary, len(m.history)))
+    reporter.report(module.trainer, module, checkpoint=True, final=final)

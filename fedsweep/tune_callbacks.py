@@ -1,0 +1,270 @@
+"""In the sweep's driver: what Tune's events become in MLflow and on the terminal.
+
+- :class:`MlflowTrials` (``make_mlflow_callback``) is the only MLflow writer of a sweep: one child
+  run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
+  ``fedsweep.trial`` tags after a retry or a ``--resume``, metrics in one ``log_batch`` per report,
+  artifacts from the trial's last checkpoint at the end;
+- a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
+  ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
+- ``make_progress_callback``: a line per finished trial and a status line every 10 s.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedsweep.config import RunConfig
+from fedsweep.trainable import trial_artifacts, trial_checkpoint
+
+# A trial's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged trial ran to
+# its end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
+# interrupted one (Ctrl-C) is KILLED until `--resume` reopens it.
+MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
+                 "interrupted": "KILLED"}
+FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
+# Metric rows reach MLflow at most this often per run (and all of them when the trial ends): a write
+# costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
+# pack of 36 configs written every 2 s kept it busy half the time while the workers waited.
+FLUSH_SECONDS = 10.0
+
+
+
+def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str,
+                         payloads: list[dict], units: list[list[int]]):
+    """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
+    child run per sweep trial, a packed one's included: a Tune trial of a pack writes several."""
+    from ray import tune
+
+    class MlflowTrials(tune.Callback):
+        def __init__(self):
+            self.uri, self.experiment_id, self.parent_id, self.sweep = uri, experiment_id, parent_id, sweep_name
+            self.ckpt_dir, self.payloads, self.units = ckpt_dir, payloads, units
+            self._reset()
+
+        def _reset(self, restored: bool = False):
+            self.runs: dict[tuple, str] = {}        # (Tune trial id, sweep trial index) -> MLflow run id
+            self.logged: dict[tuple, int] = {}      # -> last round logged or waiting in `pending`
+            self.pending: dict[tuple, list] = {}    # -> rows not yet written
+            self.flushed: dict[tuple, float] = {}   # -> when rows were last written
+            self.closed: set[tuple] = set()         # runs that already hold their final result
+            self.final: dict[tuple, str] = {}       # -> status of the member's last report
+            # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
+            self.restored = restored
+
+        def __getstate__(self):                      # pickled into Tune's experiment state
+            return {k: v for k, v in self.__dict__.items()
+                    if k not in ("runs", "logged", "pending", "flushed", "closed", "final", "restored", "_client")}
+
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            self._reset(restored=True)
+
+        @property
+        def client(self):
+            if getattr(self, "_client", None) is None:
+                from mlflow import MlflowClient
+                self._client = MlflowClient(tracking_uri=self.uri)
+            return self._client
+
+        def _run_for(self, trial, index: int) -> str:
+            key = (trial.trial_id, index)
+            if key in self.runs:
+                return self.runs[key]
+            found = self.restored and self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.`ray.trial_id` = '{trial.trial_id}' and "
+                f"tags.`fedsweep.trial` = '{index}' and tags.`mlflow.parentRunId` = '{self.parent_id}'", max_results=1)
+            if found:
+                run_id = found[0].info.run_id
+                status = found[0].data.tags.get("fedsweep.status")
+                if status in ("finished", "diverged", "stopped"):
+                    # Done before an interruption that Tune's last snapshot did not see: Tune
+                    # replays the trial from its final checkpoint; its run must stay as it is.
+                    self.closed.add(key)
+                elif status in ("failed", "interrupted"):   # `--resume` retries them: reopen the run
+                    self.client.set_tag(run_id, "fedsweep.status", "running")
+                    self.client.update_run(run_id, status="RUNNING")
+                history = self.client.get_metric_history(run_id, "train/loss")
+                self.logged[key] = max((m.step for m in history), default=0)
+            else:
+                info = self.payloads[index]
+                cfg = RunConfig(**info["run"])
+                run_id = self.client.create_run(self.experiment_id, run_name=info["label"], tags={
+                    "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
+                    "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
+                    "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
+                    **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
+                       else {})}).info.run_id
+                from mlflow.entities import Param
+                params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items()]
+                for i in range(0, len(params), 100):
+                    self.client.log_batch(run_id, params=params[i:i + 100])
+                self.logged[key] = 0
+            self.runs[key] = run_id
+            return run_id
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            for index in self.units[trial.config["trial"]]:
+                self._run_for(trial, index)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            for index, part in result.get("members", {}).items():
+                key = (trial.trial_id, int(index))
+                self._run_for(trial, int(index))
+                done = self.logged.get(key, 0)
+                rows = [r for r in part.get("rows", []) if r["round"] > done]
+                if rows:
+                    self.pending.setdefault(key, []).extend(rows)
+                    self.logged[key] = rows[-1]["round"]
+                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                    self.flush(key)
+                if "status" in part:
+                    self.final[key] = part["status"]
+
+        def on_experiment_end(self, trials, **info):
+            self.flush()            # Tune calls this after an interruption (Ctrl-C) too
+
+        def flush(self, key=None):
+            """Write the rows waiting for run ``key`` (every run's without one)."""
+            from fedsweep.tracking import metrics_of
+            for k in [key] if key is not None else list(self.pending):
+                rows = self.pending.pop(k, [])
+                self.flushed[k] = time.time()
+                if rows:
+                    metrics = metrics_of(rows, int(time.time() * 1000))
+                    for i in range(0, len(metrics), 1000):
+                        self.client.log_batch(self.runs[k], metrics=metrics[i:i + 1000])
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            for index in self.units[trial.config["trial"]]:
+                self._finish(trial, index, self.final.get((trial.trial_id, index)) or member_status(trial, index))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            for position, index in enumerate(self.units[trial.config["trial"]]):
+                self._finish(trial, index, "failed", position)
+
+        def _finish(self, trial, index: int, status: str, position: int | None = None):
+            from mlflow.entities import RunTag
+
+            from fedsweep.run import summarize, write_artifacts
+            from fedsweep.tracking import run_tags, summary_metrics
+            key = (trial.trial_id, index)
+            run_id = self._run_for(trial, index)
+            self.flush(key)
+            if key in self.closed:
+                return
+            self.closed.add(key)
+            tags = {"fedsweep.status": status}
+            made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
+            if status in ("finished", "diverged") and (made / "summary.json").is_file():
+                # the worker rendered them at its end (trainable.run_unit): only log them
+                summary = {**json.loads((made / "summary.json").read_text()), "status": status}
+                self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
+                self.client.log_artifacts(run_id, str(made))
+                tags = run_tags(summary)
+            else:   # stopped by a scheduler, or failed: what its last checkpoint holds
+                cfg = RunConfig(**self.payloads[index]["run"])
+                unit = self.units[trial.config["trial"]]
+                history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
+                                                               unit.index(index) if len(unit) > 1 else None)
+                if history:
+                    summary = summarize(cfg, history, diverged=status == "diverged")
+                    summary["status"] = status
+                    self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
+                    with tempfile.TemporaryDirectory() as tmp:
+                        write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(
+                            update={"log_model": False})}), _HistoryOnly(history, client_log), summary, Path(tmp))
+                        self.client.log_artifacts(run_id, tmp)
+                    tags = run_tags(summary)
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
+
+    return MlflowTrials()
+
+
+class _HistoryOnly:
+    """What write_artifacts needs of a module when only the checkpointed records are at hand."""
+
+    def __init__(self, history, client_log=()):
+        self.history, self.client_log = history, list(client_log)
+
+
+def _records_from_checkpoint(path: Path, position: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(metric history, per-client log) of a trial's checkpoint, or of member ``position`` of a
+    pack's; empty if there is none."""
+    import torch
+    if not path.is_file():
+        return [], []
+    ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    state = ckpt["fedsweep"] if position is None else ckpt["fedsweep_pack"]["members"][position]
+    return list(state["history"]), list(state.get("client_log", []))
+
+
+def member_status(trial, index: int) -> str:
+    """How sweep trial ``index`` of a completed Tune trial ended: its final report's status (finished
+    or diverged), else ``stopped`` (a scheduler ended it before its last round)."""
+    last = trial.last_result or {}
+    part = last.get("members", {}).get(str(index), {})
+    return part.get("status", "stopped") if last.get("fedsweep_done") else "stopped"
+
+
+def member_statuses(trial, units: list[list[int]]) -> list[str]:
+    """fedsweep's word for where each sweep trial of a Tune trial stands: pending, running, finished,
+    diverged, stopped or failed."""
+    unit = units[trial.config["trial"]]
+    if trial.status == "TERMINATED":
+        return [member_status(trial, i) for i in unit]
+    return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
+
+
+def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=None):
+    """A live view of the whole sweep: one line per finished trial and a status line every 10 s.
+    Counts come from Tune's list of every trial, so a resumed sweep counts what ran before too."""
+    from ray import tune
+
+    class Progress(tune.Callback):
+        def __init__(self):
+            self.total, self.best, self.last_print = len(payloads), None, 0.0
+
+        def _line(self, trials) -> str:
+            counts: dict[str, int] = {}
+            for t in trials:
+                for s in member_statuses(t, units):
+                    counts[s] = counts.get(s, 0) + 1
+            parts = [f"{v} {k}" for k, v in sorted(counts.items())]
+            best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
+            return f"[sweep] {self.total} trials: {', '.join(parts)}{best}"
+
+        def _print(self, text):
+            print(text, file=stream or sys.stderr, flush=True)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            for index, part in result.get("members", {}).items():
+                evals = [r["test/accuracy"] for r in part.get("rows", []) if "test/accuracy" in r]
+                acc = max(evals, default=None)
+                if acc is not None and math.isfinite(acc) and (self.best is None or acc > self.best[0]):
+                    self.best = (acc, payloads[int(index)]["label"])
+            if time.time() - self.last_print > 10:
+                self.last_print = time.time()
+                self._print(self._line(trials))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            parts = (trial.last_result or {}).get("members", {})
+            last = trial.last_result or {}
+            for index in units[trial.config["trial"]]:
+                part = {**last, **parts.get(str(index), {})}   # a stopped trial's last report says it
+                acc = part.get("best/test_accuracy", float("nan"))
+                self._print(f"[{member_status(trial, index)}] {payloads[index]['label']}: best acc {acc:.4f} "
+                            f"after {part.get('round', 0)} rounds")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            for index in units[trial.config["trial"]]:
+                self._print(f"[failed] {payloads[index]['label']} (see {trial.local_path})")
+
+        def on_experiment_end(self, trials, **info):
+            self._print(self._line(trials))
+
+    return Progress()

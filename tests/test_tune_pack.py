@@ -1,0 +1,95 @@
+"""`pack:` sweeps through a real Ray Tune run into a real MLflow store: every packed config is its
+own MLflow run, with the numbers of its unpacked run; resume after `kill -9` stays exact."""
+import os
+import signal
+
+import pytest
+
+from fedsweep.cli import main
+from fedsweep.run import train
+from fedsweep.sweep import expand, load_sweep, pack_units
+from test_tune import TINY, _statuses, _wait_for, ray_processes_of, start_sweep, trial_runs, write_sweep
+
+pytestmark = pytest.mark.usefixtures("fresh_home")
+
+
+def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = write_sweep(tmp_path / "p.yaml", "p", seeds=[0, 1], pack=4)
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    units = pack_units(sweep, trials)
+    assert sorted(map(len, units)) == [4, 4] and sorted(i for u in units for i in u) == list(range(8))
+    assert main(["tune", path]) == 0
+    err = capsys.readouterr().err
+    assert "p: 8 trials in 2 packs" in err and "[sweep] 8 trials: 4 diverged, 4 finished" in err
+    assert not ray_processes_of(os.getpgid(0))
+
+    client, runs = trial_runs(uri, "p")
+    assert len(runs) == 8 and len({r.data.tags["fedsweep.pack"] for r in runs}) == 2
+    by_label = {r.info.run_name: r for r in runs}
+    for t in trials:
+        r = by_label[t.label]
+        assert r.data.params["seed"] == str(t.seed) and r.data.tags["fedsweep.config_id"] == t.config_id
+        assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \
+            {a.path for a in client.list_artifacts(r.info.run_id)}
+        losses = client.get_metric_history(r.info.run_id, "train/loss")
+        if t.config.local.lr > 1:          # diverged at round 1, alone: its pack mates went on
+            assert r.data.tags["fedsweep.status"] == "diverged" and r.info.status == "FAILED"
+            assert [m.step for m in losses] == [1]
+            continue
+        assert r.data.tags["fedsweep.status"] == "finished" and r.info.status == "FINISHED"
+        solo = train(t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False})}),
+                     progress=False)
+        assert [m.step for m in losses] == [1, 2, 3, 4]                      # every round, once
+        assert [m.value for m in losses] == pytest.approx([h["train/loss"] for h in solo.history], abs=1e-5)
+        acc = client.get_metric_history(r.info.run_id, "test/accuracy")
+        assert [(m.step, m.value) for m in acc] == [(h["round"], pytest.approx(h["test/accuracy"], abs=1e-5))
+                                                    for h in solo.history if "test/accuracy" in h]
+
+
+def test_packed_sweep_resumes_after_kill(tmp_path, monkeypatch):
+    """`kill -9` of the driver mid-sweep; `--resume` finishes every packed config, each round logged
+    exactly once, nothing duplicated."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = write_sweep(tmp_path / "k.yaml", "k", methods={"fedavg": {}}, grid={"local.lr": [0.05, 0.1]},
+                       seeds=[0, 1, 2], pack=3, max_concurrent=1, checkpoint_every=2,
+                       base={**TINY["base"], "rounds": 60, "eval": {"every": 3}})
+    proc = start_sweep(path, tmp_path, uri)
+    try:
+        assert _wait_for(lambda: _statuses(uri, "k").count("finished") >= 3, 240), \
+            (tmp_path / "driver.log").read_text()[-3000:]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", path, "--resume"]) == 0
+    client, runs = trial_runs(uri, "k")
+    assert len(runs) == 6 and all(r.data.tags["fedsweep.status"] == "finished" for r in runs)
+    for r in runs:
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        assert steps == list(range(1, 61)), f"each round logged exactly once: {steps}"
+
+
+def test_pack_with_a_scheduler_is_refused(tmp_path, capsys):
+    path = write_sweep(tmp_path / "s.yaml", "s", pack="seeds",
+                       scheduler={"kind": "asha", "metric": "test/accuracy", "mode": "max"})
+    assert main(["tune", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pack: a scheduler stops trials one by one" in err and len(err.splitlines()) == 1
+    path = write_sweep(tmp_path / "z.yaml", "z", pack=0)
+    assert main(["tune", path, "--dry-run"]) == 2
+    assert "pack: 0 is not allowed" in capsys.readouterr().err
+
+
+def test_pack_seeds_packs_the_seeds_of_each_config(tmp_path, capsys):
+    path = write_sweep(tmp_path / "d.yaml", "d", seeds=[0, 1, 2], pack="seeds")
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    units = pack_units(sweep, trials)
+    assert len(units) == 4 and all(len({trials[i].config_id for i in u}) == 1 for u in units)
+    assert main(["tune", path, "--dry-run"]) == 0
+    assert "d: 12 trials in 4 packs of up to 3" in capsys.readouterr().out
