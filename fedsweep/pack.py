@@ -143,7 +143,7 @@ class PackedModule(L.LightningModule):
             m, work = self.members[i], works[i]
             if work.batches is None:             # server-only training: no client is contacted
                 out[i] = ({}, torch.full((work.plan.num_sampled,), float("nan"), device=m.w.device))
-            elif m.cfg.engine != "vectorized":
+            elif m.engine_name != "vectorized":
                 out[i] = m.engine.run(m.w.detach(), work.plan, work.batches, work.probe, work.shared, work.own)
             else:
                 groups.setdefault((_client_code(m), work.plan.lr), []).append(i)
