@@ -5,7 +5,10 @@ Three ways to train the K clients of a FedAvg round are timed on the same plan a
 - ``torch_loop``: the usual PyTorch code — one ``nn.Module`` copy and ``torch.optim.SGD`` per
   client, ``loss.backward(); opt.step()`` (a benchmark-only baseline, what NOTES-stack measured);
 - ``loop``: fedsweep's reference engine (flat vectors, plain autograd, one client at a time);
-- ``vectorized``: the default engine (all K at once with torch.func).
+- ``vectorized``: all K at once with torch.func.
+
+Each row also says which engine ``engine: auto`` picks for that model and device, and which one was
+faster: the rule (``fedsweep.engine.choose_engine``) is checked against the measurement.
 
 Each case runs the real round (plan, batches, local training, aggregation, server step) through
 Lightning on synthetic data of the digits shape (1×8×8, 10 classes, 30 samples per client), so it
@@ -78,6 +81,14 @@ def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorit
     return statistics.median(h["round/seconds"] for h in module.history[1:])
 
 
+def _auto_choice(model: str, device: str) -> str:
+    """What ``engine: auto`` picks for ``model`` on ``device`` (the rule the table checks)."""
+    from fedsweep.config import ModelConfig
+    from fedsweep.engine import choose_engine
+    from fedsweep.models import build_model
+    return choose_engine("auto", build_model(ModelConfig(name=model), (1, 8, 8), 10), device)
+
+
 class _SwapEngine:
     """Installs the TorchLoop baseline in place of the module's engine once it is set up."""
 
@@ -95,20 +106,23 @@ def main(args) -> int:
         ("cpu" if args.device == "auto" else args.device)
     results = []
     print(f"{'model':<7}{'K':>5}{'torch-loop ms':>15}{'loop ms':>10}{'vect ms':>10}{'vect r/s':>10}"
-          f"{'vs loop':>9}{'vs torch-loop':>15}", file=sys.stderr)
+          f"{'vs loop':>9}{'vs torch-loop':>15}{'auto picks':>12}", file=sys.stderr)
     for model in args.models:
         for K in args.clients:
             torch_loop = time_case(model, K, "torch_loop", args.rounds, device)
             loop = time_case(model, K, "loop", args.rounds, device)
             vect = time_case(model, K, "vectorized", args.rounds, device)
-            row = {"model": model, "clients_per_round": K,
+            auto = _auto_choice(model, device)
+            faster = "loop" if loop < vect else "vectorized"
+            row = {"model": model, "clients_per_round": K, "auto_picks": auto, "faster_here": faster,
                    "torch_loop_seconds_per_round": torch_loop, "loop_seconds_per_round": loop,
                    "vectorized_seconds_per_round": vect, "loop_rounds_per_second": 1 / loop,
                    "vectorized_rounds_per_second": 1 / vect, "speedup": loop / vect,
                    "speedup_vs_torch_loop": torch_loop / vect}
             results.append(row)
             print(f"{model:<7}{K:>5}{1000 * torch_loop:>15.1f}{1000 * loop:>10.1f}{1000 * vect:>10.1f}"
-                  f"{1 / vect:>10.1f}{loop / vect:>8.1f}x{torch_loop / vect:>14.1f}x", file=sys.stderr, flush=True)
+                  f"{1 / vect:>10.1f}{loop / vect:>8.1f}x{torch_loop / vect:>14.1f}x{auto:>12}"
+                  f"{'' if auto == faster else ' (slower one!)'}", file=sys.stderr, flush=True)
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.machine(), "local_steps": 5, "batch_size": 10, "rounds_timed": args.rounds,
               "data": "synthetic 1x8x8, 10 classes, 30 samples/client", "results": results}

@@ -128,7 +128,7 @@ def _dispatch(args) -> int:
         from fedsweep.bench import main as bench_main
         return bench_main(args)
     if args.command == "datasets":
-        from fedsweep.data import DATASETS
+        from fedsweep.catalog import DATASETS
         for name, text in DATASETS.items():
             print(f"{name:<14} {text}")
         return 0

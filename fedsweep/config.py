@@ -205,9 +205,11 @@ class MlflowConfig(_Strict):
 class RunConfig(_Strict):
     seed: int = Field(0, ge=0, description="Seed of every random draw (partition, sampling, batches, init).")
     rounds: int = Field(50, ge=1, description="R, the number of federated rounds.")
-    engine: Literal["vectorized", "loop"] = Field(
-        "vectorized", description="`vectorized`: all K clients at once (torch.func); `loop`: one client "
-        "after another, the readable reference. Same seed, same numbers.")
+    engine: Literal["auto", "vectorized", "loop"] = Field(
+        "auto", description="`vectorized`: all K clients at once (torch.func); `loop`: one client after "
+        "another, the readable reference; same seed, same numbers. `auto`: `loop` for models with "
+        "convolutions on a CPU, `vectorized` otherwise (the rule measured in benchmarks/README.md); the "
+        "run header and the MLflow param `engine_used` say which ran.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` uses CUDA when available.")
     clients_per_round: int = Field(10, ge=1, description="K, clients sampled per round (K = N: all).")
     data: DataConfig = Field(default_factory=DataConfig)

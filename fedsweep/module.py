@@ -26,7 +26,7 @@ from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import ServerRound, SetupContext
 from fedsweep.config import RunConfig
 from fedsweep.data import FederatedData, load_federated
-from fedsweep.engine import ClientData, make_engine, probe_batches
+from fedsweep.engine import ClientData, choose_engine, make_engine, probe_batches
 from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
@@ -76,6 +76,7 @@ class FederatedModule(L.LightningModule):
         self.table_cpu = client_tables(self.data.client_indices)
         self.algorithm = None            # built in setup(), once the device is known
         self.engine = None
+        self.engine_name = None          # what `engine` resolved to (auto: by model and device)
         self.rounds_done = 0
         self.history: list[dict[str, float]] = []   # one dict per round (+ eval metrics on eval rounds)
         self.client_log: list[dict[str, list]] = []  # per round: client ids + the algorithm's per-client values
@@ -106,7 +107,8 @@ class FederatedModule(L.LightningModule):
             self.algorithm.load_state_dict(self._pending_algo_state)
             self._pending_algo_state = None
         client_data = ClientData(self.data.x_train, self.data.y_train, self.table_cpu.to(dev))
-        self.engine = make_engine(self.cfg.engine, self.fmodel, self.algorithm, client_data)
+        self.engine_name = choose_engine(self.cfg.engine, self.fmodel.module, dev)
+        self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
 
     def configure_optimizers(self):
         s = self.cfg.server

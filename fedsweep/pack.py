@@ -6,8 +6,9 @@ own, and the engine sees only K rows at a time. Packed, the configs ("members") 
 
     every round, each member plans its own round (clients, steps, batches, what its server sends)
     members whose clients run the same client code (same algorithm and parameters, same η_l this
-      round) form a group; each group's clients are the rows of ONE engine call, every row with
-      its own w^t, shared tensors, batches, step mask (VectorizedEngine.run_rows)
+      round) form a group; a group's clients are the rows of one engine call (on a CPU, calls of
+      at most CPU_GROUP_BYTES of client state), every row with its own w^t, shared tensors,
+      batches and step mask (VectorizedEngine.run_rows)
     each member then aggregates, steps its own server optimizer and evaluates on its own cadence
 
 Nothing an algorithm sees changes: it still gets one config's (K, n) uploads and its own state, so
@@ -17,7 +18,8 @@ groups; the others go on). A member's numbers equal its unpacked run's up to flo
 
 Members must share what fixes the engine's shapes: the model, the data source (its tensors are
 concatenated once, equal ones kept once), the round count, the engine and the device
-(:func:`fedsweep.sweep.pack_key`). With ``engine: loop`` members run their own engines one after another.
+(:func:`fedsweep.sweep.pack_key`). Members whose engine is the loop (``engine: loop``, or ``auto``
+with a conv model on a CPU) run their own engines one after another.
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ from fedsweep.sweep import pack_key
 
 # On a CPU, one engine call's client states should stay within the cache: the local steps stream
 # the (rows, n) state several times per step. Measured on 2 cores (benchmarks/README.md): 12 FedLGA
-# configs of the FedLGA MLP (n = 30,010) packed, 10 rows a call 13.0 s, 20 rows 14.0 s, 40 rows
-# 14.6 s, 120 rows 15.8 s; unpacked 17.1 s. Members are merged up to this many bytes of state; on a
+# configs of the FedLGA MLP (n = 30,010, K = 10) packed: 10 rows a call (no merging) 13.0 s, 20 rows
+# 14.0 s, 40 rows 14.6 s, 80 rows 17.6 s, all 120 at once 15.8 s; unpacked 17.1 s. Members are
+# merged up to this many bytes of state (1.2 MB is 10 rows of that MLP); on a
 # GPU, where rows are nearly free, all of a group's rows go in one call.
 CPU_GROUP_BYTES = 1.5e6
 
@@ -143,7 +146,7 @@ class PackedModule(L.LightningModule):
             m, work = self.members[i], works[i]
             if work.batches is None:             # server-only training: no client is contacted
                 out[i] = ({}, torch.full((work.plan.num_sampled,), float("nan"), device=m.w.device))
-            elif m.cfg.engine != "vectorized":
+            elif m.engine_name != "vectorized":
                 out[i] = m.engine.run(m.w.detach(), work.plan, work.batches, work.probe, work.shared, work.own)
             else:
                 groups.setdefault((_client_code(m), work.plan.lr), []).append(i)

@@ -245,12 +245,15 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     if resume is not None:
         check_checkpoint(resume, module)
     if progress:
+        from fedsweep.engine import choose_engine
+        engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
+        how = " (auto)" if cfg.engine == "auto" else ""
         print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
-              f"{cfg.rounds} rounds, {cfg.engine} engine on {accelerator}", file=sys.stderr, flush=True)
+              f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}", file=sys.stderr, flush=True)
         convs = any(isinstance(m, torch.nn.Conv2d) for m in module.fmodel.module.modules())
         if convs and cfg.engine == "vectorized" and accelerator == "cpu":
             print("note: on CPU the loop engine runs conv models faster than the vectorized one "
-                  "(benchmarks/README.md); set engine: loop", file=sys.stderr, flush=True)
+                  "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
     cbs = list(callbacks)
     if progress:
         cbs.append(_Progress(cfg.rounds))
@@ -321,7 +324,8 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
         with tempfile.TemporaryDirectory() as tmp:
             write_artifacts(cfg, module, summary, Path(tmp))
-            run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri)
+            run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri,
+                             params={"engine_used": module.engine_name})
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
               f"open it with:  {ui_command(uri)}", file=out)

@@ -214,7 +214,7 @@ def run_tags(summary: dict) -> dict[str, str]:
 
 
 def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: Path,
-            uri: str | None = None, tags: dict | None = None) -> str:
+            uri: str | None = None, tags: dict | None = None, params: dict | None = None) -> str:
     """Write one finished run to MLflow; returns its run id."""
     import time
 
@@ -226,7 +226,7 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
     rid = run.info.run_id
     now = int(time.time() * 1000)
-    params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items()]
+    params = [Param(k, str(v)[:6000]) for k, v in {**cfg.flat(), **(params or {})}.items()]
     for i in range(0, len(params), 100):
         client.log_batch(rid, params=params[i:i + 100])
     metrics = metrics_of(history, now) + summary_metrics(summary, now)

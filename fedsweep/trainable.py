@@ -73,7 +73,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
             from ray import tune
             parts, latest = {}, []
             for i, (index, m) in enumerate(zip(trials, _members(module))):
-                parts[str(index)] = {"rows": m.history[self.sent[i]:], **(final[i] if final else {})}
+                parts[str(index)] = {"rows": m.history[self.sent[i]:], "engine": m.engine_name,
+                                     **(final[i] if final else {})}
                 self.sent[i] = len(m.history)
                 evals = [h for h in m.history if "test/accuracy" in h]
                 latest.append((evals[-1] if evals else None, max((h["test/accuracy"] for h in evals), default=0.0)))

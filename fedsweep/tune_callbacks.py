@@ -52,12 +52,14 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.flushed: dict[tuple, float] = {}   # -> when rows were last written
             self.closed: set[tuple] = set()         # runs that already hold their final result
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
+            self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is written
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
 
         def __getstate__(self):                      # pickled into Tune's experiment state
             return {k: v for k, v in self.__dict__.items()
-                    if k not in ("runs", "logged", "pending", "flushed", "closed", "final", "restored", "_client")}
+                    if k not in ("runs", "logged", "pending", "flushed", "closed", "final", "restored",
+                                 "engine_logged", "_client")}
 
         def __setstate__(self, state):
             self.__dict__.update(state)
@@ -123,6 +125,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.flush(key)
                 if "status" in part:
                     self.final[key] = part["status"]
+                if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose
+                    self.client.log_param(self.runs[key], "engine_used", part["engine"])
+                    self.engine_logged.add(key)
 
         def on_experiment_end(self, trials, **info):
             self.flush()            # Tune calls this after an interruption (Ctrl-C) too

@@ -27,12 +27,14 @@ def test_run_writes_json_and_mlflow(tmp_path, tmp_mlflow, capsys):
     printed = capsys.readouterr()
     assert "best test accuracy" in printed.out and "mlflow ui --backend-store-uri" in printed.out
     assert "round    3/3" in printed.err
+    assert "vectorized engine (auto) on cpu" in printed.err              # engine: auto, an MLP
 
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=tmp_mlflow)
     exp = client.get_experiment_by_name("cli-test")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.data.params["algorithm.name"] == "fedlga" and run.data.params["local.lr"] == "0.1"
+    assert run.data.params["engine"] == "auto" and run.data.params["engine_used"] == "vectorized"
     assert run.data.tags["fedsweep.status"] == "finished"
     history = client.get_metric_history(run.info.run_id, "test/accuracy")
     assert [m.step for m in history] == [1, 2, 3]
@@ -79,6 +81,7 @@ def test_bench_json(tmp_path):
     assert main(["bench", "--clients", "2", "--models", "mlp", "--rounds", "1", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["clients_per_round"] == 2 and row["speedup"] > 0
+    assert row["auto_picks"] == "vectorized" and row["faster_here"] in ("loop", "vectorized")
 
 
 def test_switching_algorithm_names_the_stale_key_and_what_is_allowed(tmp_path, capsys):
@@ -102,3 +105,20 @@ def test_algorithms_lists_each_family_with_its_whole_first_paragraph(capsys):
         doc = sys.modules[get_algorithm_class(name).__module__].__doc__.strip().split("\n\n")[0]
         assert f"{name} {' '.join(doc.split())}" in text, name    # every line of it, not just the first
     assert "algorithm.damping (default 0.0):" in out
+
+
+def test_engine_auto_picks_by_model_and_device(capsys):
+    """The measured rule (benchmarks/README.md): convolutions on a CPU run on the loop engine,
+    everything else vectorized; an explicit engine is kept."""
+    import torch
+
+    from fedsweep.config import ModelConfig, build_config
+    from fedsweep.engine import choose_engine
+    from fedsweep.models import build_model
+    from fedsweep.run import train
+    mlp, cnn = (build_model(ModelConfig(name=n), (1, 8, 8), 10) for n in ("mlp", "cnn"))
+    assert choose_engine("auto", mlp, "cpu") == "vectorized" and choose_engine("auto", cnn, "cpu") == "loop"
+    assert choose_engine("auto", cnn, torch.device("cuda")) == "vectorized"
+    assert choose_engine("vectorized", cnn, "cpu") == "vectorized" and choose_engine("loop", mlp, "cpu") == "loop"
+    module = train(build_config(tiny_raw(rounds=1, model={"name": "cnn"})), progress=True)
+    assert module.engine_name == "loop" and "loop engine (auto) on cpu" in capsys.readouterr().err

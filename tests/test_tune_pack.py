@@ -33,6 +33,7 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
     for t in trials:
         r = by_label[t.label]
         assert r.data.params["seed"] == str(t.seed) and r.data.tags["fedsweep.config_id"] == t.config_id
+        assert r.data.params["engine"] == "auto" and r.data.params["engine_used"] == "vectorized"
         assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \
             {a.path for a in client.list_artifacts(r.info.run_id)}
         losses = client.get_metric_history(r.info.run_id, "train/loss")

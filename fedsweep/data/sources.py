@@ -15,18 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsweep.catalog import DATASETS  # noqa: F401  (re-exported: fedsweep.data.DATASETS)
 from fedsweep.config import ConfigError, DataConfig
 from fedsweep.rng import np_rng
-
-#: One line per dataset, for ``fedsweep datasets``-style listings.
-DATASETS: dict[str, str] = {
-    "digits": "scikit-learn 8x8 digits, 1797 samples, 10 classes, (1, 8, 8); offline",
-    "synthetic": "FedProx synthetic(α, β), per-client generated, (dimension,); offline",
-    "mnist": "torchvision MNIST, 60000/10000, 10 classes, (1, 28, 28); needs data.root",
-    "fashion_mnist": "torchvision FashionMNIST, 60000/10000, 10 classes, (1, 28, 28); needs data.root",
-    "cifar10": "torchvision CIFAR-10, 50000/10000, 10 classes, (3, 32, 32); needs data.root",
-    "cifar100": "torchvision CIFAR-100 (fine labels), 50000/10000, 100 classes, (3, 32, 32); needs data.root",
-}
 
 
 @dataclass
