@@ -4,7 +4,8 @@
 
 Measured, in this order, each on the same machine with nothing else running:
 
-1. ``import lightning`` and ``fedsweep run`` of 1 round, each a fresh ``python`` process;
+1. ``import lightning`` and ``fedsweep run`` of 1 round (logging to a new MLflow store, to that
+   store again, and with ``--no-mlflow``), each a fresh ``python`` process;
 2. every trial of the sweep trained in this process, one after another, on as many threads as a
    Ray worker gets (``resources.cpu``): the sum is what the trials cost;
 3. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
@@ -75,7 +76,7 @@ def tune_wall(sweep_path: str, work: Path, pack) -> dict:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(spec["name"])
     runs = client.search_runs([exp.experiment_id], filter_string="tags.`fedsweep.role` = 'trial'",
-                              max_results=100_000)
+                              max_results=50_000)
     statuses = sorted({r.data.tags.get("fedsweep.status") for r in runs})
     first = min(r.info.start_time for r in runs)
     return {"wall_s": wall, "startup_s": (first - start_ms) / 1000, "trials": len(runs), "statuses": statuses,
@@ -103,10 +104,17 @@ def main(argv=None) -> int:
     out["import_lightning_s"], _ = timed_process([sys.executable, "-c", "import lightning"])
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.yaml"
-        base.write_text(yaml.safe_dump({**sweep.base, "rounds": 1, "mlflow": {"enabled": False}}))
-        out["fedsweep_run_1_round_s"], _ = timed_process([sys.executable, "-m", "fedsweep.cli", "run", str(base)])
+        base.write_text(yaml.safe_dump({**sweep.base, "rounds": 1}))
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{Path(tmp) / 'mlflow.db'}"}
+        out["fedsweep_run_1_round_new_store_s"], _ = timed_process(
+            [sys.executable, "-m", "fedsweep.cli", "run", str(base)], env=env, cwd=tmp)
+        out["fedsweep_run_1_round_s"], _ = timed_process(
+            [sys.executable, "-m", "fedsweep.cli", "run", str(base)], env=env, cwd=tmp)
+        out["fedsweep_run_1_round_no_mlflow_s"], _ = timed_process(
+            [sys.executable, "-m", "fedsweep.cli", "run", str(base), "--no-mlflow"], cwd=tmp)
     print(f"import lightning {out['import_lightning_s']:.2f} s; fedsweep run of 1 round "
-          f"{out['fedsweep_run_1_round_s']:.2f} s", flush=True)
+          f"{out['fedsweep_run_1_round_s']:.2f} s logged to MLflow ({out['fedsweep_run_1_round_new_store_s']:.2f} s "
+          f"creating the store), {out['fedsweep_run_1_round_no_mlflow_s']:.2f} s with --no-mlflow", flush=True)
 
     if not args.skip_in_process:
         times = in_process_trials(args.sweep, max(int(sweep.resources.cpu), 1))
