@@ -1,0 +1,88 @@
+"""Packed training against one config at a time, in one process: config-rounds per second by pack size.
+
+    python benchmarks/pack.py --device cuda --models mlp cnn resnet18 --packs 1 8 16 32 64 --json OUT
+
+For each model, P configs (seeds 0..P−1 of one FedAvg config: K = 10 of N = 100 clients, E = 5 steps
+of B = 10, ρ = 0.5 stragglers) are trained for ``--rounds`` rounds on synthetic data of the model's
+shape (digits-shaped 1×8×8 for the MLP and CNN, CIFAR-shaped 3×32×32 for ResNet-18), once packed
+(``fedsweep.pack.train_packed``, rows merged by its rule for the device) and once one after another
+(``fedsweep.run.train``). Reported: seconds of each, config-rounds per second, and the ratio. Time
+includes Lightning's set-up, as a sweep's trial pays it; one untimed warm-up run comes first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+
+def synthetic(shape: tuple[int, ...], num_clients: int, per_client: int = 30, seed: int = 0):
+    from fedsweep.data import FederatedData
+    g = torch.Generator().manual_seed(seed)
+    n = num_clients * per_client
+    x = torch.rand(n, *shape, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    idx = list(torch.arange(n).view(num_clients, per_client))
+    return FederatedData("bench", x, y, x[:200], y[:200], idx, 10, shape)
+
+
+def configs(model: str, pack: int, rounds: int, device: str, engine: str):
+    from fedsweep.config import build_config
+    return [build_config({
+        "seed": s, "rounds": rounds, "engine": engine, "device": device, "clients_per_round": 10,
+        "data": {"num_clients": 100}, "model": {"name": model},
+        "local": {"steps": 5, "batch_size": 10, "lr": 0.05},
+        "heterogeneity": {"kind": "stragglers", "rho": 0.5},
+        "eval": {"every": rounds}, "mlflow": {"enabled": False}}) for s in range(pack)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--models", nargs="+", default=["mlp"])
+    ap.add_argument("--packs", nargs="+", type=int, default=[1, 4, 8])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--engine", default="auto", choices=["auto", "vectorized", "loop"])
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from fedsweep.pack import train_packed
+    from fedsweep.run import train
+    shapes = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),
+              "mobilenet_v2": (3, 32, 32)}
+    rows = []
+    print(f"{'model':<10}{'pack':>6}{'packed s':>10}{'one by one s':>14}{'cfg-rounds/s packed':>21}{'ratio':>8}",
+          file=sys.stderr)
+    for model in args.models:
+        data = synthetic(shapes[model], 100)
+        warm = configs(model, 1, 2, args.device, args.engine)
+        train(warm[0], progress=False, data=data)
+        for pack in args.packs:
+            cfgs = configs(model, pack, args.rounds, args.device, args.engine)
+            t0 = time.perf_counter()
+            train_packed(cfgs, data=[data] * pack)
+            packed = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for c in cfgs:
+                train(c, progress=False, data=data)
+            single = time.perf_counter() - t0
+            row = {"model": model, "pack": pack, "packed_s": packed, "one_by_one_s": single,
+                   "config_rounds_per_s_packed": pack * args.rounds / packed,
+                   "config_rounds_per_s_one_by_one": pack * args.rounds / single, "ratio": single / packed}
+            rows.append(row)
+            print(f"{model:<10}{pack:>6}{packed:>10.2f}{single:>14.2f}{row['config_rounds_per_s_packed']:>21.1f}"
+                  f"{row['ratio']:>7.2f}x", file=sys.stderr, flush=True)
+    out = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+           "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+           "rounds": args.rounds, "engine": args.engine, "results": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
