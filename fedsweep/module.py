@@ -131,12 +131,7 @@ class FederatedModule(L.LightningModule):
         """Plan, train the K clients, aggregate, step the server. Returns the round's metrics."""
         start = time.perf_counter()
         work = self.prepare_round(t)
-        if work.batches is not None:
-            uploads, client_loss = self.engine.run(self.w.detach(), work.plan, work.batches, work.probe,
-                                                   work.shared, work.own)
-        else:   # server-only training: no client is contacted
-            uploads, client_loss = {}, torch.full((work.plan.num_sampled,), float("nan"), device=self.w.device)
-        return self.finish_round(work, uploads, client_loss, self.optimizers(), start)
+        return self.finish_round(work, *self.train_clients(work), self.optimizers(), start)
 
     def prepare_round(self, t: int) -> "RoundWork":
         """The part of round t before local training: the plan, what the server sends, the batches
@@ -155,6 +150,12 @@ class FederatedModule(L.LightningModule):
             probe = probe_batches(algo.probe, plan, self.table_cpu, cfg.local.batch_size, cfg.seed)
             probe = probe.to(dev) if probe is not None else None
         return RoundWork(plan, batches, probe, shared, own)
+
+    def train_clients(self, work: "RoundWork") -> tuple[dict, torch.Tensor]:
+        """(uploads, each client's mean training loss) of the round's clients, on this module's engine."""
+        if work.batches is None:   # server-only training: no client is contacted
+            return {}, torch.full((work.plan.num_sampled,), float("nan"), device=self.w.device)
+        return self.engine.run(self.w.detach(), work.plan, work.batches, work.probe, work.shared, work.own)
 
     def finish_round(self, work: "RoundWork", uploads, client_loss, opt, start: float) -> dict[str, float]:
         """The part of round t after local training: aggregate, the server optimizer ``opt`` steps on
@@ -223,14 +224,19 @@ class FederatedModule(L.LightningModule):
                            batches=[batch(stream[i * b:(i + 1) * b]) for i in range(sd.steps)], lr=gamma)
 
     def training_step(self, t, batch_idx):
-        metrics = self.run_round(int(t))
+        if self.record_round(self.run_round(int(t))):
+            self.trainer.should_stop = True
+
+    def record_round(self, metrics: dict[str, float]) -> bool:
+        """Keep a finished round's metrics; mark the run diverged (returns True) if its loss or model
+        is NaN/inf, else evaluate on the ``eval.every`` cadence."""
         self.history.append(metrics)
-        self.rounds_done = int(t) + 1
+        self.rounds_done = metrics["round"]
         if not (math.isfinite(metrics["train/loss"]) and bool(torch.isfinite(self.w).all())):
             self.diverged = True
-            self.trainer.should_stop = True
         elif self.rounds_done % self.cfg.eval.every == 0 or self.rounds_done == self.cfg.rounds:
             self.record_eval()   # here, not in Lightning's val loop: exact cadence across resumes
+        return self.diverged
 
     # ----- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

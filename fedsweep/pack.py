@@ -23,8 +23,6 @@ with a conv model on a CPU) run their own engines one after another.
 """
 from __future__ import annotations
 
-import json
-import math
 import time
 from typing import Any
 
@@ -38,7 +36,7 @@ from fedsweep.engine import ClientData
 from fedsweep.engine.vectorized import VectorizedEngine
 from fedsweep.heterogeneity import Batches
 from fedsweep.module import FederatedModule, RoundWork, Rounds
-from fedsweep.sweep import pack_key
+from fedsweep.sweep import client_code, pack_key
 
 # On a CPU, one engine call's client states should stay within the cache: the local steps stream
 # the (rows, n) state several times per step. Measured on 2 cores (benchmarks/README.md): 12 FedLGA
@@ -103,7 +101,7 @@ class PackedModule(L.LightningModule):
 
     def _engine(self, member: FederatedModule) -> VectorizedEngine:
         """The engine of a group: the client code of ``member``'s algorithm on the packed data."""
-        key = _client_code(member)
+        key = client_code(member.cfg)
         if key not in self.engines:
             self.engines[key] = VectorizedEngine(member.fmodel, member.algorithm, ClientData(self.x, self.y, None))
         return self.engines[key]
@@ -126,15 +124,9 @@ class PackedModule(L.LightningModule):
         per_member = (time.perf_counter() - start) / max(len(active), 1)
         for i in active:
             m = self.members[i]
-            began = time.perf_counter()
-            metrics = m.finish_round(works[i], *results[i], opts[i], began)
+            metrics = m.finish_round(works[i], *results[i], opts[i], time.perf_counter())
             metrics["round/seconds"] += per_member   # its share of the pack's planning and training
-            m.history.append(metrics)
-            m.rounds_done = t + 1
-            if not (math.isfinite(metrics["train/loss"]) and bool(torch.isfinite(m.w).all())):
-                m.diverged = True                    # stops alone; the others go on
-            elif m.rounds_done % m.cfg.eval.every == 0 or m.rounds_done == m.cfg.rounds:
-                m.record_eval()
+            m.record_round(metrics)                  # a diverged member stops alone; the others go on
         self.rounds_done = t + 1
         if all(m.diverged for m in self.members):
             self.trainer.should_stop = True
@@ -144,18 +136,14 @@ class PackedModule(L.LightningModule):
         out, groups = {}, {}
         for i in active:
             m, work = self.members[i], works[i]
-            if work.batches is None:             # server-only training: no client is contacted
-                out[i] = ({}, torch.full((work.plan.num_sampled,), float("nan"), device=m.w.device))
-            elif m.engine_name != "vectorized":
-                out[i] = m.engine.run(m.w.detach(), work.plan, work.batches, work.probe, work.shared, work.own)
+            if work.batches is None or m.engine_name != "vectorized":   # no clients, or the loop engine
+                out[i] = m.train_clients(work)
             else:
-                groups.setdefault((_client_code(m), work.plan.lr), []).append(i)
+                groups.setdefault((client_code(m.cfg), work.plan.lr), []).append(i)
         for (_, lr), idx in groups.items():
             for chunk in _chunks(idx, [works[i].plan.num_sampled for i in idx], self.max_rows):
                 if len(chunk) == 1:              # alone: its own engine, as unpacked
-                    m, work = self.members[chunk[0]], works[chunk[0]]
-                    out[chunk[0]] = m.engine.run(m.w.detach(), work.plan, work.batches, work.probe, work.shared,
-                                                 work.own)
+                    out[chunk[0]] = self.members[chunk[0]].train_clients(works[chunk[0]])
                 else:
                     out.update(self._train_group(chunk, [works[i] for i in chunk], lr))
         return out
@@ -209,12 +197,6 @@ def _chunks(idx: list[int], rows: list[int], cap: int | None) -> list[list[int]]
     return out + [cur]
 
 
-def _client_code(m: FederatedModule) -> str:
-    """What a member's clients run: its algorithm and that algorithm's parameters (client functions
-    read nothing else of the algorithm object: ``self.params`` only)."""
-    return json.dumps([m.cfg.algorithm.name, m.algorithm.params.model_dump(mode="json")], sort_keys=True)
-
-
 def _stack_batches(parts: list[Batches], offsets: list[int]) -> Batches:
     """Members' (K_m, S_m, B_m) schedules as one (ΣK, max S, max B), indices shifted into the packed
     tensors; the padding is masked (weight 0, and past a row's steps)."""
@@ -244,6 +226,5 @@ def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None,
     trainer = lightning_trainer(devices.pop(), -1, list(callbacks), max_epochs=1)
     trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
     for m in module.members:
-        if m.history and "test/accuracy" not in m.history[-1]:
-            m.record_eval()
+        m.record_eval()   # a member cut short (divergence) still ends evaluated
     return module

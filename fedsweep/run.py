@@ -250,8 +250,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         how = " (auto)" if cfg.engine == "auto" else ""
         print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
               f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}", file=sys.stderr, flush=True)
-        convs = any(isinstance(m, torch.nn.Conv2d) for m in module.fmodel.module.modules())
-        if convs and cfg.engine == "vectorized" and accelerator == "cpu":
+        if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
             print("note: on CPU the loop engine runs conv models faster than the vectorized one "
                   "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
     cbs = list(callbacks)
@@ -263,8 +262,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
     trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), cbs)
     trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
-    if module.history and "test/accuracy" not in module.history[-1]:
-        module.record_eval()   # a run cut short (divergence, max_rounds) still ends evaluated
+    module.record_eval()   # a run cut short (divergence, max_rounds) still ends evaluated
     return module
 
 
@@ -277,7 +275,9 @@ def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epo
                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
-def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> Path:
+def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_model: bool | None = None) -> Path:
+    """config.yaml, metrics.csv, clients.csv, summary.json, curves.png and (``mlflow.log_model``, unless
+    ``log_model`` says otherwise) model.pt of a run, into ``directory``."""
     from fedsweep.plots import curves_png
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -296,7 +296,7 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path) -> P
                 writer.writerows([r["round"], *row] for row in zip(*(r[c] for c in cols)))
     (directory / "summary.json").write_text(summary_json(summary))
     curves_png(module.history, directory / "curves.png", title=f"{cfg.algorithm.name} on {cfg.data.name}")
-    if cfg.mlflow.log_model:
+    if cfg.mlflow.log_model if log_model is None else log_model:
         net = module.fmodel.load_into(module.w.detach())
         torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, directory / "model.pt")
     return directory

@@ -187,6 +187,14 @@ def pack_key(cfg: RunConfig) -> str:
                        "engine": cfg.engine, "device": cfg.device}, sort_keys=True)
 
 
+def client_code(cfg: RunConfig) -> str:
+    """What a config's clients run: its algorithm and that algorithm's parameters. Client functions
+    read nothing else of the algorithm (``self.params`` only; ``weighting`` is the server's), so
+    configs with equal codes can share one engine call (fedsweep/pack.py)."""
+    algorithm = {k: v for k, v in cfg.algorithm.model_dump(mode="json").items() if k != "weighting"}
+    return json.dumps(algorithm, sort_keys=True)
+
+
 def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
     """The trials' indices as Tune trials ("units"): one each, or packs (``sweep.pack``).
 
@@ -205,8 +213,7 @@ def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
             continue
         # Dealt round-robin in client-code order: packs of equal size and mix (so of similar cost),
         # each holding runs of members with the same client code.
-        members.sort(key=lambda t: (json.dumps(t.config.algorithm.model_dump(mode="json"), sort_keys=True),
-                                    t.config.local.lr, t.index))
+        members.sort(key=lambda t: (client_code(t.config), t.config.local.lr, t.index))
         n = -(-len(members) // sweep.pack)
         units += [[t.index for t in members[j::n]] for j in range(n)]
     return units

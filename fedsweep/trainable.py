@@ -98,8 +98,7 @@ def final_part(summary: dict, rounds: int) -> dict:
     """What a member's last report adds to its rows: its status and summary numbers."""
     return {"status": summary["status"], "best/test_accuracy": summary["best_test_accuracy"] or 0.0,
             "round": rounds,
-            **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None
-               and not isinstance(v, bool)}}
+            **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
 def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
@@ -107,7 +106,7 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     run, or a pack of them trained together), resumed from its checkpoint if any."""
     from ray import tune
 
-    from fedsweep.run import train
+    from fedsweep.run import summarize, train, write_artifacts
     trials = units[config["trial"]]
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
     trial_id = tune.get_context().get_trial_id()
@@ -119,11 +118,9 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     else:
         from fedsweep.pack import train_packed
         module = train_packed(cfgs, resume=resume, callbacks=[reporter])
-    from fedsweep.run import summarize, write_artifacts
     final = []
     for index, cfg, m in zip(trials, cfgs, _members(module)):
         summary = summarize(cfg, m.history, m.diverged)
-        no_model = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"log_model": False})})
-        write_artifacts(no_model, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index))
+        write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
         final.append(final_part(summary, len(m.history)))
     reporter.report(module.trainer, module, checkpoint=True, final=final)

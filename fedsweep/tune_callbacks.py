@@ -2,8 +2,9 @@
 
 - :class:`MlflowTrials` (``make_mlflow_callback``) is the only MLflow writer of a sweep: one child
   run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
-  ``fedsweep.trial`` tags after a retry or a ``--resume``, metrics in one ``log_batch`` per report,
-  artifacts from the trial's last checkpoint at the end;
+  ``fedsweep.trial`` tags after a ``--resume``; metric rows written at most every ``FLUSH_SECONDS``
+  per run; at the end, the artifacts the worker rendered (or, for a stopped or failed trial, ones
+  made from its last checkpoint);
 - a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
   ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
 - ``make_progress_callback``: a line per finished trial and a status line every 10 s.
@@ -32,7 +33,6 @@ FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
 FLUSH_SECONDS = 10.0
 
 
-
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str,
                          payloads: list[dict], units: list[list[int]]):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
@@ -40,6 +40,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
     from ray import tune
 
     class MlflowTrials(tune.Callback):
+        # What Tune pickles into its experiment state; everything else belongs to one driver session.
+        _KEPT = ("uri", "experiment_id", "parent_id", "sweep", "ckpt_dir", "payloads", "units")
+
         def __init__(self):
             self.uri, self.experiment_id, self.parent_id, self.sweep = uri, experiment_id, parent_id, sweep_name
             self.ckpt_dir, self.payloads, self.units = ckpt_dir, payloads, units
@@ -56,10 +59,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
 
-        def __getstate__(self):                      # pickled into Tune's experiment state
-            return {k: v for k, v in self.__dict__.items()
-                    if k not in ("runs", "logged", "pending", "flushed", "closed", "final", "restored",
-                                 "engine_logged", "_client")}
+        def __getstate__(self):
+            return {k: getattr(self, k) for k in self._KEPT}
 
         def __setstate__(self, state):
             self.__dict__.update(state)
@@ -148,10 +149,10 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._finish(trial, index, self.final.get((trial.trial_id, index)) or member_status(trial, index))
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            for position, index in enumerate(self.units[trial.config["trial"]]):
-                self._finish(trial, index, "failed", position)
+            for index in self.units[trial.config["trial"]]:
+                self._finish(trial, index, "failed")
 
-        def _finish(self, trial, index: int, status: str, position: int | None = None):
+        def _finish(self, trial, index: int, status: str):
             from mlflow.entities import RunTag
 
             from fedsweep.run import summarize, write_artifacts
@@ -180,8 +181,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     summary["status"] = status
                     self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
                     with tempfile.TemporaryDirectory() as tmp:
-                        write_artifacts(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(
-                            update={"log_model": False})}), _HistoryOnly(history, client_log), summary, Path(tmp))
+                        write_artifacts(cfg, _HistoryOnly(history, client_log), summary, Path(tmp), log_model=False)
                         self.client.log_artifacts(run_id, tmp)
                     tags = run_tags(summary)
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
