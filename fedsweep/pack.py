@@ -217,8 +217,10 @@ def _stack_batches(parts: list[Batches], offsets: list[int]) -> Batches:
 
 def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None, max_rows=None) -> PackedModule:
     """Fit the members of a pack; returns the module (``module.members[i].history`` per config)."""
+    from fedsweep.allocator import keep_freed_memory
     from fedsweep.run import lightning_trainer, quiet_logs, resolve_device
     quiet_logs()
+    keep_freed_memory()
     devices = {resolve_device(c.device) for c in cfgs}
     module = PackedModule(cfgs, data=data, max_rows=max_rows)
     # One epoch of `rounds` training steps: with one optimizer per member, Lightning counts every

@@ -236,8 +236,10 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
           resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None):
     """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
+    from fedsweep.allocator import keep_freed_memory
     from fedsweep.module import FederatedModule
     quiet_logs()
+    keep_freed_memory()
     accelerator = resolve_device(cfg.device)
     if resume is not None and not Path(resume).is_file():
         raise ConfigError(f"--resume: checkpoint not found: {resume}")
