@@ -13,6 +13,7 @@ from torch.func import grad_and_value, vmap
 from fedsweep.algorithms.base import ModelOps
 from fedsweep.engine import batched
 from fedsweep.engine.functional import masked_weights
+from fedsweep.heterogeneity import Batches
 
 
 class VectorizedEngine:
@@ -47,10 +48,25 @@ class VectorizedEngine:
     def run_rows(self, w, steps, lr, batches, probe, shared, own, per_row: bool = True):
         """The K rows of :meth:`run` given as tensors; with ``per_row`` each row has its own w^t (w is
         (K, n)) and its own shared tensors (each (K, ...)): rows of several configs trained in one
-        call (:mod:`fedsweep.pack`). ``steps`` (K,) on the CPU; ``lr`` one float for all rows."""
+        call (:mod:`fedsweep.pack`). ``steps`` (K,) on the CPU; ``lr`` one float for all rows.
+
+        Clients that finish early stop computing: the rows are ordered by their step counts (longest
+        first), so the clients still training at step s are the first k_s rows, and step s runs on
+        those alone. The order is undone on the uploads and losses."""
         algo, ops, K = self.algo, self.ops, int(steps.numel())
         dtype = self.data.x.dtype
+        device = batches.index.device
         wd = 0 if per_row else None           # vmap's in_dim of w and of the shared tensors
+        order = None
+        if int(steps.min()) != int(steps.max()):
+            order = torch.argsort(steps, descending=True, stable=True)
+            steps = steps[order]
+            dev_order = order.to(device)
+            batches = Batches(batches.index[dev_order], batches.mask[dev_order])
+            probe = Batches(probe.index[dev_order], probe.mask[dev_order]) if probe is not None else None
+            own = {k: v[dev_order] for k, v in own.items()}
+            if per_row:
+                w, shared = w[dev_order], {k: v[dev_order] for k, v in shared.items()}
         probe_b = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype)) \
             if probe is not None else None
         weights = masked_weights(batches.mask, dtype)         # (K, S, B), once for all steps
@@ -77,27 +93,33 @@ class VectorizedEngine:
                 return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn), lr, sh), seen[0]
             return one_step
 
-        if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
-            stacked = batched.stacked_ops(self._chain, K)
-            step = stepper(stacked.grad, stacked.loss)
-        else:
-            step = vmap(stepper(self._grad, ops.loss), in_dims=(0, 0, wd))
-        device = batches.index.device
-        steps_dev = steps.to(device)
-        n_all = int(steps.min())      # steps every client takes: no mask needed
+        def step_of(k: int):
+            """The step function on the first k rows."""
+            if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
+                stacked = batched.stacked_ops(self._chain, k)
+                return stepper(stacked.grad, stacked.loss)
+            return vmap(stepper(self._grad, ops.loss), in_dims=(0, 0, wd))
+
+        steps_list = steps.tolist()
+        active = [sum(1 for n in steps_list if n > s) for s in range(max(steps_list, default=0))]
+        step_fns: dict[int, object] = {}
         loss_sum = torch.zeros(K, device=device, dtype=dtype)
-        for s in range(int(steps.max())):
-            new, loss = step(state, self._gather(batches.index[:, s], weights[:, s]), shared)
-            if s < n_all:
-                state = new
-                loss_sum = loss_sum + loss
-            else:
-                active = s < steps_dev
-                state = {k: torch.where(active.view(K, *[1] * (v.dim() - 1)), new[k], v)
-                         for k, v in state.items()}
-                loss_sum = loss_sum + torch.where(active, loss, torch.zeros_like(loss))
+        for s, k in enumerate(active):
+            if k not in step_fns:
+                step_fns[k] = step_of(k)
+            sub = state if k == K else {key: v[:k] for key, v in state.items()}
+            sh = {key: v[:k] for key, v in shared.items()} if per_row and k < K else shared
+            new, loss = step_fns[k](sub, self._gather(batches.index[:k, s], weights[:k, s]), sh)
+            # rows k.. have finished: they keep their state (a new tensor: `new` may alias `state`)
+            state = new if k == K else {key: torch.cat([new[key], state[key][k:]]) for key in state}
+            loss_sum = loss_sum + loss if k == K else torch.cat([loss_sum[:k] + loss, loss_sum[k:]])
 
         uploads = vmap(lambda st, w_, p: algo.client_final(st, w_, ops, p),
                        in_dims=(0, wd, *dims(probe_b)))(state, w, probe_b)
-        return uploads, loss_sum / steps_dev.clamp(min=1).to(loss_sum) + torch.where(
+        steps_dev = steps.to(device)
+        loss = loss_sum / steps_dev.clamp(min=1).to(loss_sum) + torch.where(
             steps_dev > 0, 0.0, float("nan")).to(loss_sum)
+        if order is None:
+            return uploads, loss
+        undo = torch.argsort(dev_order)
+        return {k: v[undo] for k, v in uploads.items()}, loss[undo]
