@@ -1,0 +1,28 @@
+"""curves_png keeps one figure per process and refills it: each PNG must be what a new figure draws."""
+import subprocess
+import sys
+from pathlib import Path
+
+from fedsweep.plots import curves_png
+
+
+def _history(rounds: int, scale: float) -> list[dict]:
+    rows = [{"round": r, "train/loss": scale / r} for r in range(1, rounds + 1)]
+    for h in rows[4::5]:
+        h.update({"test/accuracy": 1 - 0.5 / h["round"], "test/loss": 2 * scale / h["round"]})
+    return rows
+
+
+def test_a_refilled_figure_draws_what_a_new_one_draws(tmp_path: Path):
+    # A long run first (wide axes, a title), then a short one without a title: nothing of the first
+    # (limits, lines, title) may remain in the second's PNG.
+    curves_png(_history(100, 9.0), tmp_path / "long.png", title="fedavg on digits")
+    curves_png(_history(30, 1.0), tmp_path / "short.png")
+    subprocess.run([sys.executable, "-c", f"""
+from pathlib import Path
+from tests.test_plots import _history
+from fedsweep.plots import curves_png
+curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}))
+"""], check=True, cwd=Path(__file__).parent.parent)
+    assert (tmp_path / "short.png").read_bytes() == (tmp_path / "fresh.png").read_bytes()
+    assert (tmp_path / "long.png").read_bytes() != (tmp_path / "short.png").read_bytes()
