@@ -26,3 +26,9 @@ curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}))
 """], check=True, cwd=Path(__file__).parent.parent)
     assert (tmp_path / "short.png").read_bytes() == (tmp_path / "fresh.png").read_bytes()
     assert (tmp_path / "long.png").read_bytes() != (tmp_path / "short.png").read_bytes()
+
+
+def test_the_title_is_drawn(tmp_path: Path):
+    curves_png(_history(30, 1.0), tmp_path / "titled.png", title="fedlga on digits")
+    curves_png(_history(30, 1.0), tmp_path / "plain.png")
+    assert (tmp_path / "titled.png").read_bytes() != (tmp_path / "plain.png").read_bytes()
