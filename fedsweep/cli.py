@@ -147,6 +147,21 @@ def _dispatch(args) -> int:
     return 1
 
 
+def entry() -> None:
+    """The ``fedsweep`` command. A sweep's driver ends with ``os._exit`` once its exit handlers have
+    run: by then every MLflow run is closed, Ray is shut down and the lock is released, and what is
+    left is the interpreter tearing down the modules of Ray, MLflow and torch, 1.7 s measured on
+    2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process)."""
+    code = main()
+    if len(sys.argv) > 1 and sys.argv[1] == "tune":
+        import atexit
+        atexit._run_exitfuncs()   # logging's flush, Ray's and MLflow's own handlers
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    entry()
