@@ -55,7 +55,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.flushed: dict[tuple, float] = {}   # -> when rows were last written
             self.closed: set[tuple] = set()         # runs that already hold their final result
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
-            self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is written
+            self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
+            self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
 
@@ -122,27 +123,35 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 if rows:
                     self.pending.setdefault(key, []).extend(rows)
                     self.logged[key] = rows[-1]["round"]
-                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
-                    self.flush(key)
                 if "status" in part:
                     self.final[key] = part["status"]
-                if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose
-                    self.client.log_param(self.runs[key], "engine_used", part["engine"])
+                if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose,
+                    self.engine_param[key] = part["engine"]                # with the next rows written
                     self.engine_logged.add(key)
+                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                    self.flush(key)
 
         def on_experiment_end(self, trials, **info):
             self.flush()            # Tune calls this after an interruption (Ctrl-C) too
 
-        def flush(self, key=None):
-            """Write the rows waiting for run ``key`` (every run's without one)."""
+        def flush(self, key=None, metrics=(), tags=None):
+            """Write what waits for run ``key`` (every run's without one): its rows, its
+            ``engine_used`` param, and ``metrics`` and ``tags`` given here, in as few ``log_batch``
+            calls as MLflow's limits allow (each is a sqlite commit, the driver's main cost)."""
+            from mlflow.entities import Param, RunTag
+
             from fedsweep.tracking import metrics_of
-            for k in [key] if key is not None else list(self.pending):
+            for k in [key] if key is not None else list({*self.pending, *self.engine_param}):
                 rows = self.pending.pop(k, [])
                 self.flushed[k] = time.time()
-                if rows:
-                    metrics = metrics_of(rows, int(time.time() * 1000))
-                    for i in range(0, len(metrics), 1000):
-                        self.client.log_batch(self.runs[k], metrics=metrics[i:i + 1000])
+                batch = [*(metrics_of(rows, int(time.time() * 1000)) if rows else []), *metrics]
+                params = [Param("engine_used", self.engine_param.pop(k))] if k in self.engine_param else []
+                tag_list = [RunTag(n, v) for n, v in (tags or {}).items()]
+                for i in range(0, max(len(batch), 1), 1000):   # MLflow takes 1000 metrics a call
+                    part = batch[i:i + 1000]
+                    if part or params or tag_list:
+                        self.client.log_batch(self.runs[k], metrics=part, params=params, tags=tag_list)
+                    params, tag_list = [], []
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
@@ -153,22 +162,20 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._finish(trial, index, "failed")
 
         def _finish(self, trial, index: int, status: str):
-            from mlflow.entities import RunTag
-
             from fedsweep.run import summarize, write_artifacts
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
             run_id = self._run_for(trial, index)
-            self.flush(key)
             if key in self.closed:
+                self.flush(key)
                 return
             self.closed.add(key)
-            tags = {"fedsweep.status": status}
+            tags, metrics = {"fedsweep.status": status}, []
             made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
             if status in ("finished", "diverged") and (made / "summary.json").is_file():
                 # the worker rendered them at its end (trainable.run_unit): only log them
                 summary = {**json.loads((made / "summary.json").read_text()), "status": status}
-                self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
+                metrics = summary_metrics(summary, int(time.time() * 1000))
                 self.client.log_artifacts(run_id, str(made))
                 tags = run_tags(summary)
             else:   # stopped by a scheduler, or failed: what its last checkpoint holds
@@ -179,12 +186,12 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 if history:
                     summary = summarize(cfg, history, diverged=status == "diverged")
                     summary["status"] = status
-                    self.client.log_batch(run_id, metrics=summary_metrics(summary, int(time.time() * 1000)))
+                    metrics = summary_metrics(summary, int(time.time() * 1000))
                     with tempfile.TemporaryDirectory() as tmp:
                         write_artifacts(cfg, _HistoryOnly(history, client_log), summary, Path(tmp), log_model=False)
                         self.client.log_artifacts(run_id, tmp)
                     tags = run_tags(summary)
-            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.flush(key, metrics=metrics, tags=tags)   # the last rows, the summary and the status at once
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
 
     return MlflowTrials()
