@@ -8,7 +8,7 @@ own, and the engine sees only K rows at a time. Packed, the configs ("members") 
     members whose clients run the same client code (same algorithm and parameters, same η_l this
       round) form a group; a group's clients are the rows of one engine call (on a CPU, calls of
       at most CPU_GROUP_BYTES of client state), every row with its own w^t, shared tensors,
-      batches and step mask (VectorizedEngine.run_rows)
+      batches and step count (VectorizedEngine.run_rows)
     each member then aggregates, steps its own server optimizer and evaluates on its own cadence
 
 Nothing an algorithm sees changes: it still gets one config's (K, n) uploads and its own state, so

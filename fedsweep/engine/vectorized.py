@@ -1,9 +1,10 @@
 """All K sampled clients at once: stacked states, ``torch.func.vmap`` over the algorithm's client
-functions, one batched step for every client, heterogeneity as a per-client step mask.
+functions, one batched step for every client still training, heterogeneity as per-client step counts.
 
-A client that has finished its E_i steps keeps its state (``torch.where`` on the step mask), so
-the Python loop runs over steps, never over clients. Data never leaves the device: each step
-gathers its (K, B) batch from the resident training tensors by index.
+The rows are ordered by their step counts E_i, longest first, so the clients still training at
+step s are the first k_s rows: step s runs on those alone, and the others keep their state. The
+Python loop runs over steps, never over clients. Data never leaves the device: each step gathers
+its (k_s, B) batch from the resident training tensors by index.
 """
 from __future__ import annotations
 
