@@ -140,7 +140,9 @@ def leftovers(record: dict) -> list[int]:
 
 
 def end_leftovers(record: dict, grace: float = 3.0) -> list[int]:
-    """SIGTERM, then SIGKILL after ``grace`` seconds, to :func:`leftovers`; returns their pids."""
+    """SIGTERM, then SIGKILL after ``grace`` seconds, to :func:`leftovers`; returns their pids once
+    they are gone (a SIGKILLed process takes a moment to exit; the new sweep's Ray must not start
+    beside it)."""
     pids = leftovers(record)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
@@ -149,6 +151,6 @@ def end_leftovers(record: dict, grace: float = 3.0) -> list[int]:
             except ProcessLookupError:
                 pass
         end = time.time() + grace
-        while sig == signal.SIGTERM and time.time() < end and set(pids) & {p for p, *_ in _processes()}:
-            time.sleep(0.2)
+        while time.time() < end and set(pids) & {p for p, *_ in _processes()}:
+            time.sleep(0.05 if sig == signal.SIGKILL else 0.2)
     return pids
