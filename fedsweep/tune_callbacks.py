@@ -4,8 +4,7 @@
   run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
   ``fedsweep.trial`` tags after a ``--resume``; metric rows written at most every ``FLUSH_SECONDS``
   per run; at the end, the artifacts the worker rendered (or, for a stopped or failed trial, ones
-  made from its last checkpoint). The writes run in a thread of their own, off the path between
-  the workers and Tune, and are all done before Tune's next snapshot;
+  made from its last checkpoint);
 - a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
   ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
 - ``make_progress_callback``: a line per finished trial and a status line every 10 s.
@@ -58,8 +57,6 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
             self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
             self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
-            self.writer = None                      # the thread that writes MLflow (`_later`)
-            self.failed: BaseException | None = None   # what a write raised
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
 
@@ -69,46 +66,6 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
         def __setstate__(self, state):
             self.__dict__.update(state)
             self._reset(restored=True)
-
-        # Tune calls the on_* hooks while a worker waits on the driver: a trial's last report blocks
-        # until Tune asks for more, and a reused actor starts its next trial only once Tune has run
-        # on_trial_complete and on_trial_start. MLflow's writes for a trial (~0.1 s of the driver's
-        # CPU, mostly the ORM insert of ~900 metric values) were that wait. So the hooks only queue
-        # the work, for one writer thread that does it in the hooks' order; `get_state`, which
-        # Tune calls while saving its experiment snapshot and before it copies the snapshot to the
-        # sweep folder, waits for the queue to empty: a snapshot never says a trial ended before
-        # its MLflow run does (a driver killed at any point resumes with nothing missing).
-        def _later(self, fn, *args):
-            self._raise_failed()
-            if self.writer is None:
-                from concurrent.futures import ThreadPoolExecutor
-                self.writer = ThreadPoolExecutor(1, thread_name_prefix="fedsweep-mlflow")
-            self.writer.submit(self._guarded, fn, args)
-
-        def _guarded(self, fn, args):
-            if self.failed is None:   # after a failed write, nothing more: the sweep stops on it
-                try:
-                    fn(*args)
-                except BaseException as e:  # noqa: BLE001 - re-raised in the driver's thread
-                    self.failed = e
-
-        def _raise_failed(self):
-            if self.failed is not None:
-                raise self.failed
-
-        def write(self, close: bool = False):
-            """Wait until the writer has done everything queued so far (and stop it if ``close``);
-            a write that failed is raised here, in Tune's thread."""
-            if self.writer is not None:
-                self.writer.submit(lambda: None).result()   # one thread, in order: all before it done
-                if close:
-                    self.writer.shutdown()
-                    self.writer = None
-            self._raise_failed()
-
-        def get_state(self):
-            self.write()
-            return None   # nothing for Tune to save: the state is in MLflow and in `__getstate__`
 
         @property
         def client(self):
@@ -155,13 +112,10 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
         def on_trial_start(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
-                self._later(self._run_for, trial, index)
+                self._run_for(trial, index)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            self._later(self._result, trial, result.get("members", {}))
-
-        def _result(self, trial, members: dict):
-            for index, part in members.items():
+            for index, part in result.get("members", {}).items():
                 key = (trial.trial_id, int(index))
                 self._run_for(trial, int(index))
                 done = self.logged.get(key, 0)
@@ -178,10 +132,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.flush(key)
 
         def on_experiment_end(self, trials, **info):
-            try:
-                self._later(self.flush)   # every run's rows still waiting; after a Ctrl-C too
-            finally:
-                self.write(close=True)
+            self.flush()            # Tune calls this after an interruption (Ctrl-C) too
 
         def flush(self, key=None, metrics=(), tags=None):
             """Write what waits for run ``key`` (every run's without one): its rows, its
@@ -203,16 +154,14 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     params, tag_list = [], []
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            for index in self.units[trial.config["trial"]]:   # the status as the trial ends now
-                self._later(self._finish, trial, index, member_status(trial, index))
+            for index in self.units[trial.config["trial"]]:
+                self._finish(trial, index, self.final.get((trial.trial_id, index)) or member_status(trial, index))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
-                self._later(self._finish, trial, index, "failed")
+                self._finish(trial, index, "failed")
 
         def _finish(self, trial, index: int, status: str):
-            if status != "failed":   # the member's own last report says it first
-                status = self.final.get((trial.trial_id, index)) or status
             from fedsweep.run import summarize, write_artifacts
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
