@@ -13,6 +13,13 @@ Measured, in this order, each on the same machine with nothing else running:
    ((wall − start-up) × concurrency / trials − mean in-process trial time);
 4. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 3.
 
+Steps 2–4 run ``--repeat`` times, in turn (2, 3, 4, 2, 3, 4, ...), and the medians are reported
+with every value. With ``--baseline DIR`` (another checkout of fedsweep, e.g. ``git worktree add
+/tmp/base <commit>``), each of those measurements is taken with DIR's code right before this
+checkout's, so a change is judged against its baseline under the same machine conditions: on the
+shared 2-core machine of issue 13 the same command's times drifted by a third within an hour (the
+in-process sum of ``sweeps/fedlga.yaml`` 28.2 -> 38.8 s), more than most changes move them.
+
 Goals (issue 13): wall ≤ 1.3 × sum / concurrency + 10 s unpacked; packed ≥ 4× the unpacked
 trials per minute. Output: a table on stdout and, with ``--json``, every number.
 """
@@ -41,7 +48,8 @@ def timed_process(cmd: list[str], env: dict | None = None, cwd: str | None = Non
 
 
 def in_process_trials(sweep_path: str, threads: int) -> list[float]:
-    """Each trial trained in this process (no MLflow), as a Ray worker runs it; seconds each."""
+    """Each trial trained in this process (no MLflow), as a Ray worker runs it; seconds each. Run in
+    a fresh process of its own (``--in-process-only``), so the code measured is the one on its path."""
     import torch
 
     from fedsweep.run import train
@@ -59,18 +67,37 @@ def in_process_trials(sweep_path: str, threads: int) -> list[float]:
     return times
 
 
-def tune_wall(sweep_path: str, work: Path, pack) -> dict:
+def code_env(code: str | None) -> dict:
+    """The environment of a measured process: this checkout's fedsweep, or ``code``'s (a baseline
+    checkout, first on PYTHONPATH; Ray's workers inherit it)."""
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(code).resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def in_process_sum(sweep_path: str, threads: int, code: str | None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        timed_process([sys.executable, str(Path(__file__).resolve()), str(Path(sweep_path).resolve()), "--in-process-only", str(out),
+                       "--threads", str(threads)], env=code_env(code), cwd=tmp)
+        times = json.loads(out.read_text())
+    return {"sum_s": sum(times), "mean_s": sum(times) / len(times), "max_s": max(times)}
+
+
+def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dict:
     """``fedsweep tune`` in a fresh process on a copy of the sweep (``pack`` set), its own store."""
     from mlflow import MlflowClient
     spec = yaml.safe_load(Path(sweep_path).read_text())
-    spec["name"] = f"{spec.get('name', Path(sweep_path).stem)}_{'packed' if pack else 'unpacked'}"
+    spec["name"] = (f"{spec.get('name', Path(sweep_path).stem)}_{'packed' if pack else 'unpacked'}"
+                    f"_{int(time.time() * 1000)}")
     spec.pop("pack", None)
     if pack:
         spec["pack"] = pack
     path = work / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
     uri = f"sqlite:///{work / (spec['name'] + '.db')}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env = {**code_env(code), "MLFLOW_TRACKING_URI": uri}
     start_ms = time.time() * 1000
     wall, err = timed_process([sys.executable, "-m", "fedsweep.cli", "tune", str(path),
                                "--storage", str(work / "runs")], env=env, cwd=str(work))
@@ -84,6 +111,35 @@ def tune_wall(sweep_path: str, work: Path, pack) -> dict:
             "trials_per_min": 60 * len(runs) / wall}
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median wall time (the upper one of an even count), with every wall time beside."""
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    return {**ordered[len(ordered) // 2], "wall_s_all": [r["wall_s"] for r in runs]}
+
+
+def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str) -> None:
+    """Medians of one code's measurements into ``res``, and their lines on stdout."""
+    if samples["in_process"]:
+        sums = sorted(s["sum_s"] for s in samples["in_process"])
+        res["in_process"] = {**sorted(samples["in_process"], key=lambda s: s["sum_s"])[len(sums) // 2],
+                             "sum_s_all": [s["sum_s"] for s in samples["in_process"]]}
+        res["ideal_wall_s"] = res["in_process"]["sum_s"] / concurrency
+        res["goal_wall_s"] = 1.3 * res["ideal_wall_s"] + 10
+        print(f"{label}in process: sum {res['in_process']['sum_s']:.1f} s (ideal wall at {concurrency} at once: "
+              f"{res['ideal_wall_s']:.1f} s; goal ≤ {res['goal_wall_s']:.1f} s)", flush=True)
+    for name in ("unpacked", "packed"):
+        r = res[name] = _median_run(samples[name])
+        if "in_process" in res:
+            r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
+                                         - res["in_process"]["mean_s"])
+        print(f"{label}{name}: wall {r['wall_s']:.1f} s" + (f" (median of {repeat})" if repeat > 1 else "")
+              + f", start-up {r['startup_s']:.1f} s, {r['trials_per_min']:.0f} trials/min"
+              + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else ""),
+              flush=True)
+    res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
+    print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", help="a sweep file (e.g. sweeps/fedlga.yaml)")
@@ -91,7 +147,19 @@ def main(argv=None) -> int:
                     "default: trials ÷ concurrency")
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--skip-in-process", action="store_true", help="skip step 2 (the sum of trial times)")
+    ap.add_argument("--repeat", type=int, default=1, help="measure steps 2-4 this many times, in turn; "
+                    "medians reported (default 1)")
+    ap.add_argument("--baseline", help="a checkout of fedsweep to measure right before this one, every time")
+    ap.add_argument("--in-process-only", metavar="OUT", help=argparse.SUPPRESS)   # step 2, in a process of its own
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.in_process_only:
+        Path(args.in_process_only).write_text(json.dumps(in_process_trials(args.sweep, args.threads)))
+        return 0
+    if args.repeat < 1:
+        ap.error("--repeat: at least 1")
+    if args.baseline and not (Path(args.baseline) / "fedsweep" / "__init__.py").is_file():
+        ap.error(f"--baseline {args.baseline}: not a fedsweep checkout (no fedsweep/__init__.py)")
     from fedsweep.sweep import expand, load_sweep
     sweep = load_sweep(args.sweep)
     trials = expand(sweep, source=args.sweep)
@@ -117,27 +185,23 @@ def main(argv=None) -> int:
           f"{out['fedsweep_run_1_round_s']:.2f} s logged to MLflow ({out['fedsweep_run_1_round_new_store_s']:.2f} s "
           f"creating the store), {out['fedsweep_run_1_round_no_mlflow_s']:.2f} s with --no-mlflow", flush=True)
 
-    if not args.skip_in_process:
-        times = in_process_trials(args.sweep, max(int(sweep.resources.cpu), 1))
-        out["in_process"] = {"sum_s": sum(times), "mean_s": sum(times) / len(times), "max_s": max(times)}
-        out["ideal_wall_s"] = sum(times) / concurrency
-        out["goal_wall_s"] = 1.3 * out["ideal_wall_s"] + 10
-        print(f"in process: {len(times)} trials, sum {sum(times):.1f} s (ideal wall at {concurrency} at once: "
-              f"{out['ideal_wall_s']:.1f} s; goal ≤ {out['goal_wall_s']:.1f} s)", flush=True)
-
+    codes = {"now": None, **({"baseline": args.baseline} if args.baseline else {})}
+    samples: dict = {c: {"in_process": [], "unpacked": [], "packed": []} for c in codes}
+    threads = max(int(sweep.resources.cpu), 1)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, p in (("unpacked", None), ("packed", pack)):
-            r = tune_wall(args.sweep, Path(tmp), p)
-            out[name] = r
-            if "in_process" in out:
-                r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
-                                             - out["in_process"]["mean_s"])
-            print(f"{name}: wall {r['wall_s']:.1f} s, start-up {r['startup_s']:.1f} s, "
-                  f"{r['trials_per_min']:.0f} trials/min"
-                  + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else ""),
-                  flush=True)
-    out["packed_speedup"] = out["packed"]["trials_per_min"] / out["unpacked"]["trials_per_min"]
-    print(f"packed / unpacked trials per minute: {out['packed_speedup']:.1f}×")
+        for i in range(args.repeat):
+            for step in ("in_process", "unpacked", "packed"):
+                if step == "in_process" and args.skip_in_process:
+                    continue
+                for c in sorted(codes, key=lambda c: c != "baseline"):   # the baseline first, each time
+                    r = (in_process_sum(args.sweep, threads, codes[c]) if step == "in_process" else
+                         tune_wall(args.sweep, Path(tmp), pack if step == "packed" else None, codes[c]))
+                    samples[c][step].append(r)
+                    key = "sum_s" if step == "in_process" else "wall_s"
+                    print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[key]:.1f} s", flush=True)
+    for c in codes:
+        res = out if c == "now" else out.setdefault("baseline", {"code": str(Path(args.baseline).resolve())})
+        _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -37,3 +37,30 @@ def test_sweep_benchmark(tmp_path):
         assert got[run]["trials"] == 2 and got[run]["statuses"] == ["finished"]
         assert 0 < got[run]["startup_s"] < got[run]["wall_s"]
     assert got["import_lightning_s"] > 0 and got["fedsweep_run_1_round_no_mlflow_s"] > 0
+
+
+@pytest.mark.slow   # ~3 min: 8 real sweeps and 4 in-process sums
+def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
+    """--repeat medians with every value kept; --baseline measures another checkout (here this one
+    again) right before this one, each time."""
+    sweep = tmp_path / "b.yaml"
+    sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
+                                     "methods": {"fedavg": {}}}))
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2",
+                           "--repeat", "2", "--baseline", str(ROOT), "--json", str(out)],
+                          check=True, capture_output=True, text=True, cwd=tmp_path)
+    got = json.loads(out.read_text())
+    for res in (got, got["baseline"]):
+        assert len(res["in_process"]["sum_s_all"]) == 2 and res["in_process"]["sum_s"] in res["in_process"]["sum_s_all"]
+        for run in ("unpacked", "packed"):
+            assert len(res[run]["wall_s_all"]) == 2 and res[run]["wall_s"] in res[run]["wall_s_all"]
+            assert res[run]["trials"] == 2 and res[run]["statuses"] == ["finished"]
+    order = [line.split("]")[1].split(":")[0].strip() for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert order[:2] == ["baseline in_process", "now in_process"] and len(order) == 12
+
+
+def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), "x.yaml", "--baseline", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "not a fedsweep checkout" in proc.stderr
