@@ -56,12 +56,11 @@ def curves_png(history: list[dict], path: Path, title: str = "") -> Path:
     return _curves.render(history, path, title)
 
 
-def save_figure(fig, path: Path, title: str = "", tight: bool = True) -> Path:
-    """The common ending of every fedsweep figure: optional title, tight layout, PNG, close."""
+def save_figure(fig, path: Path, title: str = "") -> Path:
+    """The common ending of the report's figures: optional title, tight layout, PNG, close."""
     if title:
         fig.suptitle(title)
-    if tight:
-        fig.tight_layout()
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
