@@ -111,24 +111,27 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
             "trials_per_min": 60 * len(runs) / wall}
 
 
-def _median_run(runs: list[dict]) -> dict:
-    """The run of median wall time (the upper one of an even count), with every wall time beside."""
-    ordered = sorted(runs, key=lambda r: r["wall_s"])
-    return {**ordered[len(ordered) // 2], "wall_s_all": [r["wall_s"] for r in runs]}
+# The number each step is judged by.
+MEASURE = {"in_process": "sum_s", "unpacked": "wall_s", "packed": "wall_s"}
+
+
+def _median(samples: list[dict], key: str) -> dict:
+    """The sample of median ``key`` (the upper one of an even count), with every value beside
+    (``<key>_all``, in the order measured)."""
+    ordered = sorted(samples, key=lambda r: r[key])
+    return {**ordered[len(ordered) // 2], f"{key}_all": [r[key] for r in samples]}
 
 
 def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str) -> None:
     """Medians of one code's measurements into ``res``, and their lines on stdout."""
     if samples["in_process"]:
-        sums = sorted(s["sum_s"] for s in samples["in_process"])
-        res["in_process"] = {**sorted(samples["in_process"], key=lambda s: s["sum_s"])[len(sums) // 2],
-                             "sum_s_all": [s["sum_s"] for s in samples["in_process"]]}
+        res["in_process"] = _median(samples["in_process"], MEASURE["in_process"])
         res["ideal_wall_s"] = res["in_process"]["sum_s"] / concurrency
         res["goal_wall_s"] = 1.3 * res["ideal_wall_s"] + 10
         print(f"{label}in process: sum {res['in_process']['sum_s']:.1f} s (ideal wall at {concurrency} at once: "
               f"{res['ideal_wall_s']:.1f} s; goal ≤ {res['goal_wall_s']:.1f} s)", flush=True)
     for name in ("unpacked", "packed"):
-        r = res[name] = _median_run(samples[name])
+        r = res[name] = _median(samples[name], MEASURE[name])
         if "in_process" in res:
             r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
                                          - res["in_process"]["mean_s"])
@@ -197,8 +200,7 @@ def main(argv=None) -> int:
                     r = (in_process_sum(args.sweep, threads, codes[c]) if step == "in_process" else
                          tune_wall(args.sweep, Path(tmp), pack if step == "packed" else None, codes[c]))
                     samples[c][step].append(r)
-                    key = "sum_s" if step == "in_process" else "wall_s"
-                    print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[key]:.1f} s", flush=True)
+                    print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[MEASURE[step]]:.1f} s", flush=True)
     for c in codes:
         res = out if c == "now" else out.setdefault("baseline", {"code": str(Path(args.baseline).resolve())})
         _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ")
