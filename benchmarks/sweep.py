@@ -6,14 +6,19 @@ Measured, in this order, each on the same machine with nothing else running:
 
 1. ``import lightning`` and ``fedsweep run`` of 1 round (logging to a new MLflow store, to that
    store again, and with ``--no-mlflow``), each a fresh ``python`` process;
-2. every trial of the sweep trained in this process, one after another, on as many threads as a
+2. every trial of the sweep trained in one process, one after another, on as many threads as a
    Ray worker gets (``resources.cpu``): the sum is what the trials cost;
-3. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
+3. the same trials split over as many processes as the sweep runs at once, all started together
+   (no Ray, no MLflow): the wall time of their training, and its "scaling", sum / (concurrency ×
+   wall) (1.0 if the processes did not slow each other down). This is the floor of any sweep of
+   these trials on this machine;
+4. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
    fixed start-up (command start -> first trial's MLflow run created), per-trial overhead
-   ((wall − start-up) × concurrency / trials − mean in-process trial time);
-4. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 3.
+   ((wall − start-up) × concurrency / trials − mean in-process trial time), and its seconds over
+   step 3's wall;
+5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4.
 
-Steps 2–4 run ``--repeat`` times, in turn (2, 3, 4, 2, 3, 4, ...), and the medians are reported
+Steps 2–5 run ``--repeat`` times, in turn (2, 3, 4, 5, 2, 3, ...), and the medians are reported
 with every value. With ``--baseline DIR`` (another checkout of fedsweep, e.g. ``git worktree add
 /tmp/base <commit>``), each of those measurements is taken with DIR's code right before this
 checkout's, so a change is judged against its baseline under the same machine conditions: on the
@@ -47,9 +52,11 @@ def timed_process(cmd: list[str], env: dict | None = None, cwd: str | None = Non
     return wall, proc.stderr
 
 
-def in_process_trials(sweep_path: str, threads: int) -> list[float]:
-    """Each trial trained in this process (no MLflow), as a Ray worker runs it; seconds each. Run in
-    a fresh process of its own (``--in-process-only``), so the code measured is the one on its path."""
+def in_process_trials(sweep_path: str, threads: int, share: tuple[int, int] = (0, 1)) -> dict:
+    """Trials trained in this process (no MLflow), as a Ray worker runs them: every one, or share
+    ``(i, n)`` of them (trials i, i + n, ...). Returns the seconds of each and when the timed part
+    started and ended (``time.time()``, comparable across processes). Run in a fresh process of its
+    own (``--in-process-only``), so the code measured is the one on its path."""
     import torch
 
     from fedsweep.run import train
@@ -59,12 +66,12 @@ def in_process_trials(sweep_path: str, threads: int) -> list[float]:
     cfgs = [t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),
                                         "device": "cpu"}) for t in expand(sweep, source=sweep_path)]
     train(cfgs[0], progress=False)          # untimed: imports (Lightning) happen once per worker too
-    times = []
-    for cfg in cfgs:
+    times, start = [], time.time()
+    for cfg in cfgs[share[0]::share[1]]:
         t0 = time.perf_counter()
         train(cfg, progress=False)
         times.append(time.perf_counter() - t0)
-    return times
+    return {"times": times, "start": start, "end": time.time()}
 
 
 def code_env(code: str | None) -> dict:
@@ -76,13 +83,37 @@ def code_env(code: str | None) -> dict:
     return env
 
 
+def _in_process_cmd(sweep_path: str, out: Path, threads: int, share: tuple[int, int] = (0, 1)) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), str(Path(sweep_path).resolve()), "--in-process-only",
+            str(out), "--threads", str(threads), "--share", str(share[0]), str(share[1])]
+
+
 def in_process_sum(sweep_path: str, threads: int, code: str | None) -> dict:
+    """Step 2: every trial, one after another, in one process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.json"
-        timed_process([sys.executable, str(Path(__file__).resolve()), str(Path(sweep_path).resolve()), "--in-process-only", str(out),
-                       "--threads", str(threads)], env=code_env(code), cwd=tmp)
-        times = json.loads(out.read_text())
+        timed_process(_in_process_cmd(sweep_path, out, threads), env=code_env(code), cwd=tmp)
+        times = json.loads(out.read_text())["times"]
     return {"sum_s": sum(times), "mean_s": sum(times) / len(times), "max_s": max(times)}
+
+
+def in_process_parallel(sweep_path: str, threads: int, concurrency: int, code: str | None) -> dict:
+    """Step 3: the same trials split over ``concurrency`` processes that run at once (no Ray, no
+    MLflow): the wall time of their training, from the first process's start to the last one's
+    end. On a machine whose cores slow each other down (shared caches and memory bandwidth) this
+    is above sum / concurrency: it is the floor any sweep of these trials can reach here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / f"times{i}.json" for i in range(concurrency)]
+        procs = [subprocess.Popen(_in_process_cmd(sweep_path, out, threads, (i, concurrency)), env=code_env(code),
+                                  cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for i, out in enumerate(outs)]
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode != 0:
+                raise RuntimeError(f"in-process share failed ({p.returncode}):\n{err[-3000:]}")
+        parts = [json.loads(out.read_text()) for out in outs]
+    return {"wall_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
+            "sum_s": sum(sum(p["times"]) for p in parts)}
 
 
 def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dict:
@@ -112,7 +143,7 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
 
 
 # The number each step is judged by.
-MEASURE = {"in_process": "sum_s", "unpacked": "wall_s", "packed": "wall_s"}
+MEASURE = {"in_process": "sum_s", "in_parallel": "wall_s", "unpacked": "wall_s", "packed": "wall_s"}
 
 
 def _median(samples: list[dict], key: str) -> dict:
@@ -130,15 +161,25 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
         res["goal_wall_s"] = 1.3 * res["ideal_wall_s"] + 10
         print(f"{label}in process: sum {res['in_process']['sum_s']:.1f} s (ideal wall at {concurrency} at once: "
               f"{res['ideal_wall_s']:.1f} s; goal ≤ {res['goal_wall_s']:.1f} s)", flush=True)
+    if samples["in_parallel"]:
+        r = res["in_parallel"] = _median(samples["in_parallel"], MEASURE["in_parallel"])
+        if "in_process" in res:
+            # 1.0: the processes did not slow each other down; below: the machine's cores did
+            r["scaling"] = res["in_process"]["sum_s"] / (concurrency * r["wall_s"])
+        print(f"{label}in process, {concurrency} at once: wall {r['wall_s']:.1f} s"
+              + (f" ({r['scaling']:.2f} of perfect scaling)" if "scaling" in r else ""), flush=True)
     for name in ("unpacked", "packed"):
         r = res[name] = _median(samples[name], MEASURE[name])
         if "in_process" in res:
             r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
                                          - res["in_process"]["mean_s"])
+        if "in_parallel" in res:   # what Ray, Tune, MLflow and start-up add to the trials run at once
+            r["over_parallel_s"] = r["wall_s"] - res["in_parallel"]["wall_s"]
         print(f"{label}{name}: wall {r['wall_s']:.1f} s" + (f" (median of {repeat})" if repeat > 1 else "")
               + f", start-up {r['startup_s']:.1f} s, {r['trials_per_min']:.0f} trials/min"
-              + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else ""),
-              flush=True)
+              + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else "")
+              + (f", {r['over_parallel_s']:.1f} s over the trials run {concurrency} at once" if "over_parallel_s" in r
+                 else ""), flush=True)
     res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
     print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
 
@@ -149,15 +190,17 @@ def main(argv=None) -> int:
     ap.add_argument("--pack", default=None, help="the pack: setting of the packed run (a number or seeds); "
                     "default: trials ÷ concurrency")
     ap.add_argument("--json", help="write every number here")
-    ap.add_argument("--skip-in-process", action="store_true", help="skip step 2 (the sum of trial times)")
-    ap.add_argument("--repeat", type=int, default=1, help="measure steps 2-4 this many times, in turn; "
+    ap.add_argument("--skip-in-process", action="store_true", help="skip steps 2 and 3 (the trials without Ray)")
+    ap.add_argument("--repeat", type=int, default=1, help="measure steps 2-5 this many times, in turn; "
                     "medians reported (default 1)")
     ap.add_argument("--baseline", help="a checkout of fedsweep to measure right before this one, every time")
     ap.add_argument("--in-process-only", metavar="OUT", help=argparse.SUPPRESS)   # step 2, in a process of its own
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--share", type=int, nargs=2, default=(0, 1), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.in_process_only:
-        Path(args.in_process_only).write_text(json.dumps(in_process_trials(args.sweep, args.threads)))
+        Path(args.in_process_only).write_text(json.dumps(in_process_trials(args.sweep, args.threads,
+                                                                           tuple(args.share))))
         return 0
     if args.repeat < 1:
         ap.error("--repeat: at least 1")
@@ -189,15 +232,16 @@ def main(argv=None) -> int:
           f"creating the store), {out['fedsweep_run_1_round_no_mlflow_s']:.2f} s with --no-mlflow", flush=True)
 
     codes = {"now": None, **({"baseline": args.baseline} if args.baseline else {})}
-    samples: dict = {c: {"in_process": [], "unpacked": [], "packed": []} for c in codes}
+    samples: dict = {c: {step: [] for step in MEASURE} for c in codes}
     threads = max(int(sweep.resources.cpu), 1)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
-            for step in ("in_process", "unpacked", "packed"):
-                if step == "in_process" and args.skip_in_process:
+            for step in MEASURE:
+                if step in ("in_process", "in_parallel") and args.skip_in_process:
                     continue
                 for c in sorted(codes, key=lambda c: c != "baseline"):   # the baseline first, each time
                     r = (in_process_sum(args.sweep, threads, codes[c]) if step == "in_process" else
+                         in_process_parallel(args.sweep, threads, concurrency, codes[c]) if step == "in_parallel" else
                          tune_wall(args.sweep, Path(tmp), pack if step == "packed" else None, codes[c]))
                     samples[c][step].append(r)
                     print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[MEASURE[step]]:.1f} s", flush=True)

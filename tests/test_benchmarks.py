@@ -33,13 +33,15 @@ def test_sweep_benchmark(tmp_path):
     got = json.loads(out.read_text())
     assert got["trials"] == 2 and got["pack"] == 2
     assert got["in_process"]["sum_s"] > 0 and got["goal_wall_s"] > got["ideal_wall_s"]
+    assert got["in_parallel"]["wall_s"] > 0 and got["in_parallel"]["scaling"] > 0   # the 2 trials, 2 at once
     for run in ("unpacked", "packed"):
         assert got[run]["trials"] == 2 and got[run]["statuses"] == ["finished"]
         assert 0 < got[run]["startup_s"] < got[run]["wall_s"]
+        assert got[run]["over_parallel_s"] == pytest.approx(got[run]["wall_s"] - got["in_parallel"]["wall_s"])
     assert got["import_lightning_s"] > 0 and got["fedsweep_run_1_round_no_mlflow_s"] > 0
 
 
-@pytest.mark.slow   # ~3 min: 8 real sweeps and 4 in-process sums
+@pytest.mark.slow   # ~3.5 min: 8 real sweeps, 4 in-process sums and 4 in-process runs 2 at once
 def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
     """--repeat medians with every value kept; --baseline measures another checkout (here this one
     again) right before this one, each time."""
@@ -53,11 +55,13 @@ def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
     got = json.loads(out.read_text())
     for res in (got, got["baseline"]):
         assert len(res["in_process"]["sum_s_all"]) == 2 and res["in_process"]["sum_s"] in res["in_process"]["sum_s_all"]
+        assert len(res["in_parallel"]["wall_s_all"]) == 2
         for run in ("unpacked", "packed"):
             assert len(res[run]["wall_s_all"]) == 2 and res[run]["wall_s"] in res[run]["wall_s_all"]
             assert res[run]["trials"] == 2 and res[run]["statuses"] == ["finished"]
     order = [line.split("]")[1].split(":")[0].strip() for line in proc.stdout.splitlines() if line.startswith("[")]
-    assert order[:2] == ["baseline in_process", "now in_process"] and len(order) == 12
+    assert order[:4] == ["baseline in_process", "now in_process", "baseline in_parallel", "now in_parallel"]
+    assert len(order) == 16
 
 
 def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):
