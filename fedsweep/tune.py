@@ -145,17 +145,11 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
         with ray_session(address, mode=mode) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
             client, exp_id = store.result()
-            parent_id, total = _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
-            # The sweep's outcome needs MLflow only: read it while Ray stops its processes (~1 s,
-            # one after another), not after.
-            outcome = pool.submit(_conclude, client, exp_id, parent_id, total, root / sweep.name / STATE_FILE)
-        return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-                **outcome.result()}
+            return _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
 
 
-def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> tuple[str, int]:
-    """Inside the Ray session: the parent run and Tune's run (new or restored); returns the parent
-    run's id and the number of sweep trials."""
+def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> dict:
+    """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
     from ray import tune
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
@@ -180,12 +174,6 @@ def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> 
     packs = f" in {len(units)} packs" if len(units) < total else ""
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
     tuner.fit()
-    return parent_id, total
-
-
-def _conclude(client, exp_id: str, parent_id: str, total: int, state_path: Path) -> dict:
-    """After Tune returns: close the runs an interruption left open, count the trials' outcomes,
-    mark the sweep finished (or not) in its state file and its parent run."""
     interrupted = _close_interrupted(client, exp_id, parent_id)
     counts = _outcomes(client, exp_id, parent_id)
     unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
@@ -193,7 +181,8 @@ def _conclude(client, exp_id: str, parent_id: str, total: int, state_path: Path)
     state["finished"] = unfinished == 0
     state_path.write_text(json.dumps(state))
     client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
-    return {"unfinished": unfinished, "interrupted_runs": interrupted, **counts}
+    return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
+            "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
 def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]]):
