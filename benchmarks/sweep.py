@@ -104,13 +104,15 @@ def in_process_parallel(sweep_path: str, threads: int, concurrency: int, code: s
     is above sum / concurrency: it is the floor any sweep of these trials can reach here."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"times{i}.json" for i in range(concurrency)]
-        procs = [subprocess.Popen(_in_process_cmd(sweep_path, out, threads, (i, concurrency)), env=code_env(code),
-                                  cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for i, out in enumerate(outs)]
-        for p in procs:
-            _, err = p.communicate()
-            if p.returncode != 0:
-                raise RuntimeError(f"in-process share failed ({p.returncode}):\n{err[-3000:]}")
+        errs = [out.with_suffix(".err") for out in outs]   # files, not pipes: a full pipe would stall its writer
+        procs = []
+        for i, (out, err) in enumerate(zip(outs, errs)):
+            with open(err, "w") as f:
+                procs.append(subprocess.Popen(_in_process_cmd(sweep_path, out, threads, (i, concurrency)),
+                                              env=code_env(code), cwd=tmp, stdout=subprocess.DEVNULL, stderr=f))
+        for p, err in zip(procs, errs):
+            if p.wait() != 0:
+                raise RuntimeError(f"in-process share failed ({p.returncode}):\n{err.read_text()[-3000:]}")
         parts = [json.loads(out.read_text()) for out in outs]
     return {"wall_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
             "sum_s": sum(sum(p["times"]) for p in parts)}
