@@ -83,17 +83,27 @@ def code_env(code: str | None) -> dict:
     return env
 
 
-def _in_process_cmd(sweep_path: str, out: Path, threads: int, share: tuple[int, int] = (0, 1)) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), str(Path(sweep_path).resolve()), "--in-process-only",
-            str(out), "--threads", str(threads), "--share", str(share[0]), str(share[1])]
+def _trial_shares(sweep_path: str, threads: int, processes: int, code: str | None) -> list[dict]:
+    """The sweep's trials split over ``processes`` fresh processes started together (``--in-process-only``
+    with ``--share i processes``); what :func:`in_process_trials` returned in each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / f"times{i}.json" for i in range(processes)]
+        errs = [out.with_suffix(".err") for out in outs]   # files, not pipes: a full pipe would stall its writer
+        procs = []
+        for i, (out, err) in enumerate(zip(outs, errs)):
+            cmd = [sys.executable, str(Path(__file__).resolve()), str(Path(sweep_path).resolve()), "--in-process-only",
+                   str(out), "--threads", str(threads), "--share", str(i), str(processes)]
+            with open(err, "w") as f:
+                procs.append(subprocess.Popen(cmd, env=code_env(code), cwd=tmp, stdout=subprocess.DEVNULL, stderr=f))
+        for p, err in zip(procs, errs):
+            if p.wait() != 0:
+                raise RuntimeError(f"in-process share failed ({p.returncode}):\n{err.read_text()[-3000:]}")
+        return [json.loads(out.read_text()) for out in outs]
 
 
 def in_process_sum(sweep_path: str, threads: int, code: str | None) -> dict:
     """Step 2: every trial, one after another, in one process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "times.json"
-        timed_process(_in_process_cmd(sweep_path, out, threads), env=code_env(code), cwd=tmp)
-        times = json.loads(out.read_text())["times"]
+    times = _trial_shares(sweep_path, threads, 1, code)[0]["times"]
     return {"sum_s": sum(times), "mean_s": sum(times) / len(times), "max_s": max(times)}
 
 
@@ -102,18 +112,7 @@ def in_process_parallel(sweep_path: str, threads: int, concurrency: int, code: s
     MLflow): the wall time of their training, from the first process's start to the last one's
     end. On a machine whose cores slow each other down (shared caches and memory bandwidth) this
     is above sum / concurrency: it is the floor any sweep of these trials can reach here."""
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp) / f"times{i}.json" for i in range(concurrency)]
-        errs = [out.with_suffix(".err") for out in outs]   # files, not pipes: a full pipe would stall its writer
-        procs = []
-        for i, (out, err) in enumerate(zip(outs, errs)):
-            with open(err, "w") as f:
-                procs.append(subprocess.Popen(_in_process_cmd(sweep_path, out, threads, (i, concurrency)),
-                                              env=code_env(code), cwd=tmp, stdout=subprocess.DEVNULL, stderr=f))
-        for p, err in zip(procs, errs):
-            if p.wait() != 0:
-                raise RuntimeError(f"in-process share failed ({p.returncode}):\n{err.read_text()[-3000:]}")
-        parts = [json.loads(out.read_text()) for out in outs]
+    parts = _trial_shares(sweep_path, threads, concurrency, code)
     return {"wall_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
             "sum_s": sum(sum(p["times"]) for p in parts)}
 
@@ -196,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="measure steps 2-5 this many times, in turn; "
                     "medians reported (default 1)")
     ap.add_argument("--baseline", help="a checkout of fedsweep to measure right before this one, every time")
-    ap.add_argument("--in-process-only", metavar="OUT", help=argparse.SUPPRESS)   # step 2, in a process of its own
+    ap.add_argument("--in-process-only", metavar="OUT", help=argparse.SUPPRESS)   # steps 2 and 3: one share of the trials
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, nargs=2, default=(0, 1), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
