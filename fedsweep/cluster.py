@@ -134,6 +134,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         with _terminate_as_interrupt():
             yield session_dir()
     finally:
+        if not address:
+            _stop_monitor()
         ray.shutdown()
         for k, v in saved.items():
             if v is None:
@@ -157,6 +159,26 @@ def _terminate_as_interrupt():
         yield
     finally:   # a handler installed from C reads as None and cannot be put back: the default then
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _stop_monitor() -> None:
+    """End the autoscaler monitor of the local instance with SIGKILL, before ``ray.shutdown``.
+
+    ``ray.shutdown`` stops Ray's processes one at a time, the GCS before the monitor, each with
+    SIGTERM and up to a second to exit. The monitor's SIGTERM handler reports its end to the
+    drivers through the GCS, which is gone by then, so every shutdown waited out that whole second
+    (a local instance: 1.34 s, 0.33 s with the monitor ended first). The monitor of a one-machine
+    instance has nothing to scale and keeps no state. Private API (``_global_node``): best effort;
+    whatever is left is ended by ``ray.shutdown`` as before."""
+    try:
+        import ray._private.worker as worker
+        from ray._private import ray_constants
+        node = worker._global_node
+        for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []) if node is not None else []:
+            info.process.kill()
+            info.process.wait(timeout=1)
+    except Exception:  # noqa: BLE001 - private API: ray.shutdown stops it otherwise
+        pass
 
 
 def session_dir() -> str | None:
