@@ -8,6 +8,12 @@ shape (digits-shaped 1×8×8 for the MLP and CNN, CIFAR-shaped 3×32×32 for Res
 (``fedsweep.pack.train_packed``, rows merged by its rule for the device) and once one after another
 (``fedsweep.run.train``). Reported: seconds of each, config-rounds per second, and the ratio. Time
 includes Lightning's set-up, as a sweep's trial pays it; one untimed warm-up run comes first.
+
+``--arithmetic`` adds what packing can gain at most for the MLP: the bare arithmetic of one local
+step (forward, backward and SGD update of B = 10 samples, as batched matrix products, nothing else)
+for the 10·P client rows of a pack, each row with its own weights. If the time per row stays flat
+or grows with P, the device was already busy at one config and packing can only save the work
+around the arithmetic (Lightning, the plan, aggregation); if it falls, one config left it idle.
 """
 from __future__ import annotations
 
@@ -40,13 +46,63 @@ def configs(model: str, pack: int, rounds: int, device: str, engine: str):
         "eval": {"every": rounds}, "mlflow": {"enabled": False}}) for s in range(pack)]
 
 
+def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10, seconds: float = 1.0) -> list[dict]:
+    """The MLP's bare local step for ``clients``·P rows at each pack size P (see the docstring)."""
+    from fedsweep.config import build_config
+    from fedsweep.models import build_model
+    cfg = build_config({"model": {"name": "mlp"}, "mlflow": {"enabled": False}})
+    layers = [m for m in build_model(cfg.model, (1, 8, 8), 10).modules() if isinstance(m, torch.nn.Linear)]
+    flop_per_sample = 6 * sum(m.in_features * m.out_features for m in layers)   # forward 2, backward 4
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = []
+    for pack in packs:
+        rows = clients * pack
+        x = torch.rand(rows, batch, layers[0].in_features, device=device)
+        ws = [torch.randn(rows, m.in_features, m.out_features, device=device) * 0.05 for m in layers]
+        g_out = torch.randn(rows, batch, layers[-1].out_features, device=device)
+
+        def step():
+            acts, h = [x], x
+            for i, w in enumerate(ws):
+                h = torch.bmm(h, w)
+                if i < len(ws) - 1:
+                    h = h.clamp_min(0)
+                acts.append(h)
+            g = g_out
+            for i in range(len(ws) - 1, -1, -1):
+                grad_w = torch.bmm(acts[i].transpose(1, 2), g)
+                if i:
+                    g = torch.bmm(g, ws[i].transpose(1, 2)) * (acts[i] > 0)
+                ws[i].sub_(grad_w, alpha=0.01)
+
+        t0 = time.perf_counter()
+        for _ in range(5):   # warm-up, and the step count for about `seconds` of timing
+            step()
+        sync()
+        reps = max(5, int(seconds / ((time.perf_counter() - t0) / 5)))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step()
+        sync()
+        dt = (time.perf_counter() - t0) / reps
+        out.append({"pack": pack, "rows": rows, "step_ms": dt * 1e3, "us_per_row": dt / rows * 1e6,
+                    "gflops": flop_per_sample * batch * rows / dt / 1e9})
+        print(f"mlp arithmetic pack {pack:>3} ({rows:>4} rows): {dt * 1e3:8.3f} ms a step, {dt / rows * 1e6:7.1f} us a "
+              f"row, {out[-1]['gflops']:6.1f} GFLOP/s", file=sys.stderr, flush=True)
+    for row in out:
+        row["us_per_row_vs_pack_1"] = row["us_per_row"] / out[0]["us_per_row"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--models", nargs="+", default=["mlp"])
+    ap.add_argument("--models", nargs="*", default=["mlp"])
     ap.add_argument("--packs", nargs="+", type=int, default=[1, 4, 8])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--engine", default="auto", choices=["auto", "vectorized", "loop"])
+    ap.add_argument("--arithmetic", action="store_true",
+                    help="also time the MLP's bare local step at each pack size (what packing can gain at most)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from fedsweep.pack import train_packed
@@ -78,6 +134,8 @@ def main(argv=None) -> int:
     out = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
            "rounds": args.rounds, "engine": args.engine, "results": rows}
+    if args.arithmetic:
+        out["mlp_arithmetic"] = arithmetic(args.packs, args.device)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -16,10 +16,15 @@ pytestmark = pytest.mark.usefixtures("fresh_home")
 def test_pack_benchmark(tmp_path):
     out = tmp_path / "pack.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--packs", "1", "2", "--rounds", "2",
-                    "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
-    rows = json.loads(out.read_text())["results"]
+                    "--arithmetic", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
+    result = json.loads(out.read_text())
+    rows = result["results"]
     assert [(r["model"], r["pack"]) for r in rows] == [("mlp", 1), ("mlp", 2)]
     assert all(r["packed_s"] > 0 and r["one_by_one_s"] > 0 and r["ratio"] > 0 for r in rows)
+    bound = result["mlp_arithmetic"]
+    assert [(r["pack"], r["rows"]) for r in bound] == [(1, 10), (2, 20)]
+    assert bound[0]["us_per_row_vs_pack_1"] == 1.0
+    assert all(r["step_ms"] > 0 and r["gflops"] > 0 for r in bound)
 
 
 @pytest.mark.slow   # ~100 s: two real sweeps, three `fedsweep run`s and the trials in process
