@@ -103,8 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="auto", choices=["auto", "vectorized", "loop"])
     ap.add_argument("--arithmetic", action="store_true",
                     help="also time the MLP's bare local step at each pack size (what packing can gain at most)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own; a sweep's worker runs 1)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from fedsweep.pack import train_packed
     from fedsweep.run import train
     shapes = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),
