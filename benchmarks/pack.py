@@ -52,7 +52,9 @@ def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10
     from fedsweep.models import build_model
     cfg = build_config({"model": {"name": "mlp"}, "mlflow": {"enabled": False}})
     layers = [m for m in build_model(cfg.model, (1, 8, 8), 10).modules() if isinstance(m, torch.nn.Linear)]
-    flop_per_sample = 6 * sum(m.in_features * m.out_features for m in layers)   # forward 2, backward 4
+    macs = [m.in_features * m.out_features for m in layers]
+    # forward 2 a MAC, the weights' gradient 2, the inputs' gradient 2 (none for the first layer)
+    flop_per_sample = 6 * sum(macs) - 2 * macs[0]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = []
     for pack in packs:
