@@ -16,8 +16,9 @@ pytestmark = pytest.mark.usefixtures("fresh_home")
 def test_pack_benchmark(tmp_path):
     out = tmp_path / "pack.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--packs", "1", "2", "--rounds", "2",
-                    "--arithmetic", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
+                    "--arithmetic", "--threads", "1", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())
+    assert result["threads"] == 1
     rows = result["results"]
     assert [(r["model"], r["pack"]) for r in rows] == [("mlp", 1), ("mlp", 2)]
     assert all(r["packed_s"] > 0 and r["one_by_one_s"] > 0 and r["ratio"] > 0 for r in rows)
