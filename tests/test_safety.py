@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.locks import SweepLock, end_leftovers, leftovers
+from fedsweep.locks import SweepLock, _processes, end_leftovers, leftovers
 from test_tune import TINY, trial_runs, write_sweep
 
 pytestmark = pytest.mark.usefixtures("fresh_home")
@@ -161,16 +161,7 @@ def test_ray_processes_under_a_live_parent_are_not_leftovers():
 
 def descendants(pid: int) -> set[int]:
     """Live processes whose parent chain leads to ``pid`` (zombies are not alive)."""
-    parent = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parent[int(entry)] = int(fields[1])
+    parent = {child: ppid for child, ppid, _, _ in _processes()}
     found, frontier = set(), {pid}
     while frontier:
         frontier = {child for child, ppid in parent.items() if ppid in frontier} - found
