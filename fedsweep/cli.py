@@ -112,11 +112,10 @@ def _dispatch(args) -> int:
     if args.command == "report":
         from fedsweep.report import write_report
         from fedsweep.sweep import check_report, expand, load_sweep, reference_method
-        from fedsweep.tracking import resolve_tracking_uri
         sweep = load_sweep(args.sweep)
         trials = expand(sweep, source=args.sweep)
         check_report(sweep, trials, source=args.sweep)
-        uri = resolve_tracking_uri(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
+        uri = sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri")   # None: as MLflow
         out_dir = args.out or os.path.join("reports", sweep.name)
         path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
                             setting_keys=sweep.report.settings,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config import ConfigError
-from fedsweep.tracking import resolve_tracking_uri
+from fedsweep.tracking import check_existing_store
 
 DEFAULT_SETTING_KEYS = ("heterogeneity.rho",)
 SCORED = ("finished", "diverged", "stopped")
@@ -70,12 +70,13 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
     """
     from mlflow import MlflowClient
 
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = check_existing_store(tracking_uri)   # MLflow would create a missing store
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage != "active":
-        raise ConfigError(f"report: no MLflow experiment {experiment!r} in store {uri}; "
-                          f"run `fedsweep tune <sweep.yaml>` first (or pass the right --tracking-uri/--experiment)")
+        raise ConfigError(f"report: no MLflow experiment {experiment!r} in store {uri}; run `fedsweep tune "
+                          f"<sweep.yaml>` first (or set the sweep file's mlflow.experiment and mlflow.tracking_uri "
+                          f"to those it ran with)")
     flt = f"tags.`fedsweep.role` = 'trial' AND tags.`fedsweep.sweep` = '{sweep}'"
     runs, token = [], None
     while True:

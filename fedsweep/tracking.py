@@ -16,6 +16,7 @@ from pathlib import Path
 from fedsweep.config import ConfigError, RunConfig
 
 DEFAULT_DB = "mlflow.db"
+_MLFLOW_TABLES = {"alembic_version", "experiments"}   # an MLflow store has both, from its first migration
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -72,11 +73,16 @@ def _check_sqlite(uri: str, key: str) -> None:
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             found = (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0] \
-                if {"alembic_version", "experiments"} <= tables else None
+                if _MLFLOW_TABLES <= tables else None
         finally:
             con.close()
     except sqlite3.Error as e:
         raise ConfigError(f"{key} {uri}: cannot read the database {db} ({e})") from None
+    if tables and not _MLFLOW_TABLES <= tables:
+        # MLflow would add its ~65 tables to somebody else's database
+        shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
+        raise ConfigError(f"{key} {uri}: {db} is a sqlite database of something else (tables {shown}), not an "
+                          f"MLflow store; fedsweep writes nothing into it: give the store a file of its own")
     if found:
         _open_with_mlflow(uri, key)
 
@@ -124,7 +130,8 @@ def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None
 
     - ``sqlite:///PATH``: PATH's folder is not, and cannot be made, a writable folder (a regular file
       in the way); ``mlartifacts/`` beside it is a file or not writable; PATH exists but is a folder,
-      not writable, not a sqlite database, or an MLflow store of another schema version (which
+      not writable, not a sqlite database, a sqlite database with tables of its own (somebody else's:
+      MLflow would add its tables to it), or an MLflow store of another schema version (which
       MLflow refuses with ``mlflow db upgrade``: the store is opened as MLflow opens it, ~2 s with the
       MLflow import). Writes nothing: a missing store is created by MLflow when the run is logged.
     - ``http(s)://``: nothing answers ``GET <uri>/health`` within ``timeout`` seconds (MLflow's own
@@ -145,6 +152,21 @@ def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
             raise ConfigError(f"{key} {resolved}: MLflow 3.17 refuses the file store; use "
                               f"sqlite:////abs/path/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true)")
+    return resolved
+
+
+def check_existing_store(uri: str | None = None, *, key: str | None = None) -> str:
+    """:func:`check_store` for reading (``fedsweep report``): a sqlite store must also exist already.
+    MLflow opening a missing one would create it, an empty store and its tables, wherever a mistyped
+    path or the wrong working folder points."""
+    key = key or _source(uri)
+    resolved = check_store(uri, key=key)
+    if resolved.startswith("sqlite:///"):
+        db = sqlite_path(resolved)
+        if not db.is_file() or db.stat().st_size == 0:
+            raise ConfigError(f"{key} {resolved}: no MLflow store there (nothing read, nothing created); run the "
+                              f"sweep first, or run this from the folder it ran in, or point mlflow.tracking_uri "
+                              f"(the sweep file) or $MLFLOW_TRACKING_URI at its store")
     return resolved
 
 

@@ -1,6 +1,7 @@
 """`fedsweep run` checks every output location, the MLflow store and a checkpoint to resume before the
 first round: a bad one is one line (exit 2) and nothing is trained or written."""
 import json
+import sqlite3
 import subprocess
 import sys
 import socket
@@ -52,6 +53,8 @@ BAD = [
     ("sqlite-under-file", lambda t, c: mlflow_at(f"sqlite:///{t}/afile/mlflow.db"),
      "/afile is a file, not a folder"),
     ("sqlite-not-a-db", lambda t, c: mlflow_at(f"sqlite:///{t}/afile"), "is not a sqlite database"),
+    ("sqlite-foreign-db", lambda t, c: mlflow_at(f"sqlite:///{t}/notes.db"),
+     "notes.db is a sqlite database of something else (tables notes), not an MLflow store"),
     ("sqlite-artifacts-file", lambda t, c: mlflow_at(f"sqlite:///{t}/sub/mlflow.db"),
      "the artifacts folder"),
     ("file-store", lambda t, c: mlflow_at(f"file://{t}/mlruns"), "MLFLOW_ALLOW_FILE_STORE"),
@@ -86,6 +89,11 @@ def test_bad_output_or_store_fails_before_training(tmp_path, monkeypatch, capsys
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "mlartifacts").write_text("a file where the artifacts folder goes\n")
     (tmp_path / "empty.ckpt").write_bytes(b"")
+    con = sqlite3.connect(tmp_path / "notes.db")   # somebody else's database: MLflow would add its tables
+    con.execute("CREATE TABLE notes (t TEXT)")
+    con.commit()
+    con.close()
+    notes = (tmp_path / "notes.db").read_bytes()
     data = checkpoint.read_bytes()
     (tmp_path / "half.ckpt").write_bytes(data[:len(data) // 2])
     torch.save({"a": 1}, tmp_path / "foreign.ckpt")
@@ -99,6 +107,7 @@ def test_bad_output_or_store_fails_before_training(tmp_path, monkeypatch, capsys
     assert err.startswith("fedsweep: error: ") and needle in err and "Traceback" not in err
     assert printed.out == ""                   # no summary
     assert files(tmp_path) == before           # nothing written: no store, checkpoint folder or summary
+    assert (tmp_path / "notes.db").read_bytes() == notes
 
 
 def test_output_json_creates_its_folders(tmp_path, monkeypatch, capsys):

@@ -3,10 +3,12 @@ in docs/sweeps.md, with hand-chosen numbers so each method's best config is know
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 
 import numpy as np
 import pytest
+import yaml
 
 from fedsweep.config import ConfigError
 from fedsweep.report import (best_configs, config_table, load_trials, rounds_to_target_png, selection_rule,
@@ -195,6 +197,34 @@ def test_missing_experiment_or_sweep_is_one_line_config_error(store_target):
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"holds no trial runs of sweep 'other-sweep'.*fedsweep tune"):
         write_report(store_target, EXPERIMENT, "other-sweep", "unused")
+
+
+def test_report_of_a_missing_or_foreign_store_creates_nothing(tmp_path, monkeypatch, capsys):
+    """MLflow opening a store that is not there creates one: `fedsweep report` from the wrong folder
+    must say so and leave the folder as it was (no mlflow.db, no mlartifacts/)."""
+    from fedsweep.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": SWEEP, "base": {"rounds": 2}}))
+    assert main(["report", "s.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fedsweep: error: mlflow.tracking_uri (default) sqlite:///{tmp_path}/mlflow.db: "
+                          "no MLflow store there") and "\n" not in err
+    (tmp_path / "empty.db").write_bytes(b"")      # an empty file is no store either
+    with pytest.raises(ConfigError, match="empty.db: no MLflow store there"):
+        load_trials(str(tmp_path / "empty.db"), EXPERIMENT, SWEEP)
+    notes = tmp_path / "notes.db"                  # somebody else's database
+    con = sqlite3.connect(notes)
+    con.execute("CREATE TABLE notes (t TEXT)")
+    con.commit()
+    con.close()
+    before = notes.read_bytes()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{notes}")
+    assert main(["report", "s.yaml"]) == 2
+    assert "notes.db is a sqlite database of something else (tables notes), not an MLflow store" in \
+        capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "notes.db", "s.yaml"]
+    assert notes.read_bytes() == before and (tmp_path / "empty.db").stat().st_size == 0
 
 
 def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
