@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fedsweep.config import ConfigError
+from fedsweep.config import ConfigError, flatten
 from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, pack_units, trial_table
 from fedsweep.trainable import run_unit
 from fedsweep.tune_callbacks import FINAL_STATUSES, MLFLOW_STATUS, make_mlflow_callback, make_progress_callback
@@ -28,7 +28,7 @@ from fedsweep.tune_callbacks import FINAL_STATUSES, MLFLOW_STATUS, make_mlflow_c
 STATE_FILE = "fedsweep_sweep.json"
 # The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
 # (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
-# exactly the trials the sweep started with, even if the sweep file was edited since.
+# exactly the trials the sweep started with (a sweep file edited since is refused, naming the edit).
 TRIALS_FILE = "fedsweep_trials.json"
 # Without a scheduler, a trial reports to Tune at most this often (every row still arrives): a
 # report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
@@ -59,6 +59,26 @@ def _current_trials_file(path: Path) -> bool:
         return isinstance(json.loads(path.read_text()), dict)
     except (OSError, ValueError):
         return False
+
+
+def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int]]) -> str:
+    """How the trials of a sweep file now differ from those its sweep started with ('' if they do
+    not): `--resume` runs the saved trials, so an edit made since would be silently ignored. Keys a
+    later fedsweep added to the config (absent from the saved trials) are not compared."""
+    old, new = saved["trials"], json.loads(json.dumps(payloads))   # compared as saved: JSON values
+    if len(old) != len(new):
+        return f"{len(old)} trials then, {len(new)} now"
+    differ = []
+    for a, b in zip(old, new):
+        fa, fb = flatten(a["run"]), flatten(b["run"])
+        keys = [k for k in fa if fa[k] != fb.get(k)]
+        if keys:
+            differ.append(f"{a['label']}: " + ", ".join(f"{k} {fa[k]!r} then, {fb.get(k)!r} now" for k in keys[:3]))
+    if differ:
+        return f"{len(differ)} of {len(old)} trials differ; {differ[0]}"
+    if saved["units"] != units:
+        return f"its trials were packed into {len(saved['units'])} units, now {len(units)} (pack:)"
+    return ""
 
 
 def storage_dir(sweep: SweepConfig, root: str | Path | None = None) -> Path:
@@ -109,6 +129,14 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     if resume and not _current_trials_file(exp_dir / TRIALS_FILE):
         raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (its {TRIALS_FILE} is missing or of an older format); "
                           "start it over with --restart")
+
+    if resume:
+        changed = _changed_since_start(json.loads((exp_dir / TRIALS_FILE).read_text()),
+                                       [_trial_payload(t, sweep) for t in trials], pack_units(sweep, trials))
+        if changed:
+            raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
+                              f"sweep runs the trials it started with: restore the file (its MLflow parent run "
+                              f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
 
     from fedsweep.locks import SweepLock, end_leftovers
     with SweepLock(root / f"{sweep.name}.lock", sweep.name) as lock:

@@ -176,7 +176,7 @@ def _statuses(uri, name):
     return [r.data.tags.get("fedsweep.status") for r in runs]
 
 
-def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch):
+def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys):
     """`kill -9` of the driver alone (Ray's agents outlive it): the next `fedsweep tune` ends what
     that driver left and only that, refuses to start over silently, and `--resume` finishes the
     sweep without rerunning or duplicating anything."""
@@ -200,6 +200,13 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["tune", path]) == 2                                  # refuses to silently start over ...
     assert not ray_processes_of(proc.pid)                             # ... after ending what was left
+    started = Path(path).read_text()
+    edited = yaml.safe_load(started)
+    edited["grid"]["local.lr"] = [0.05, 0.2]
+    Path(path).write_text(yaml.safe_dump(edited))
+    assert main(["tune", path, "--resume"]) == 2                      # an edit would be silently ignored
+    assert "changed since sweep 'r' started (4 of 8 trials differ; " in capsys.readouterr().err
+    Path(path).write_text(started)
     assert main(["tune", path, "--resume"]) == 0
     assert bystander.poll() is None
     bystander.kill()
