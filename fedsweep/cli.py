@@ -105,10 +105,12 @@ def _dispatch(args) -> int:
                   f"{result['trials']} unfinished: continue with --resume")
         else:
             print(f"sweep done: {counts or 'no trials'}")
+        for error, n in sorted(result["errors"].items(), key=lambda e: -e[1]):
+            print(f"failed ({n} trial{'s' if n > 1 else ''}): {error}")
         print(f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}\n"
               f"compare the trials:  {ui_command(result['tracking_uri'])}\n"
               f"report:              fedsweep report {args.sweep}")
-        return 0 if not result["unfinished"] else 1
+        return 1 if result["unfinished"] else 4 if result.get("failed") else 0
     if args.command == "report":
         from fedsweep.report import write_report
         from fedsweep.sweep import check_report, expand, load_sweep, reference_method

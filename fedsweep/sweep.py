@@ -236,6 +236,28 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
         raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
 
 
+def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep", local: bool = True) -> None:
+    """What a trial would otherwise find only once Ray runs it, after every retry: a ``device: cuda``
+    trial given no GPU (``resources.gpu: 0`` hides every GPU from it) and, for a sweep run on this
+    machine (``local``; a cluster's nodes hold their own files), a torchvision dataset's missing files."""
+    if sweep.resources.gpu == 0:
+        cuda = next((t for t in trials if t.config.device == "cuda"), None)
+        if cuda is not None:
+            raise ConfigError(f"{source}: device: 'cuda' (trial {cuda.label}) needs resources.gpu > 0; a trial "
+                              f"sees only the GPUs Ray gave it")
+    if local:
+        from fedsweep.data.sources import check_files
+        checked: set[str] = set()
+        for t in trials:
+            data = t.config.data.model_dump_json()
+            if data not in checked:
+                checked.add(data)
+                try:
+                    check_files(t.config.data)
+                except ConfigError as e:
+                    raise ConfigError(f"{source}: {e} (trial {t.label})") from None
+
+
 def reference_method(sweep: SweepConfig, methods) -> str | None:
     """``report.reference``, else ``fedavg`` if among ``methods``, else None."""
     return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)

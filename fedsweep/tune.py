@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from fedsweep.config import ConfigError, flatten
-from fedsweep.sweep import SweepConfig, Trial, check_report, expand, load_sweep, pack_units, trial_table
+from fedsweep.sweep import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
 from fedsweep.trainable import run_unit
 from fedsweep.tune_callbacks import FINAL_STATUSES, MLFLOW_STATUS, make_mlflow_callback, make_progress_callback
 
@@ -115,6 +115,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         print(trial_table(trials), file=out)
         return {"trials": len(trials)}
 
+    check_runnable(sweep, trials, source=str(path), local=not address)
     mode = None
     if address:
         from fedsweep.cluster import check_cluster
@@ -272,11 +273,17 @@ def _close_interrupted(client, exp_id: str, parent_id: str) -> int:
     return len(runs)
 
 
-def _outcomes(client, exp_id: str, parent_id: str) -> dict[str, int]:
+def _outcomes(client, exp_id: str, parent_id: str) -> dict:
+    """How many of the sweep's trials ended in each status, and ``errors``: each failed trial's error
+    line (its run's ``fedsweep.error`` tag) with how many trials ended with it."""
     runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
                               max_results=50_000)
-    counts: dict[str, int] = {}
+    counts: dict = {}
+    errors: dict[str, int] = {}
     for r in runs:
         s = r.data.tags.get("fedsweep.status", "running")
         counts[s] = counts.get(s, 0) + 1
-    return counts
+        if s == "failed":
+            e = r.data.tags.get("fedsweep.error", "no error recorded")
+            errors[e] = errors.get(e, 0) + 1
+    return {**counts, "errors": errors}

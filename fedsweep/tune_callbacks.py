@@ -158,10 +158,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._finish(trial, index, self.final.get((trial.trial_id, index)) or member_status(trial, index))
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            error = trial_error(trial)
             for index in self.units[trial.config["trial"]]:
-                self._finish(trial, index, "failed")
+                self._finish(trial, index, "failed", error)
 
-        def _finish(self, trial, index: int, status: str):
+        def _finish(self, trial, index: int, status: str, error: str = ""):
             from fedsweep.run import summarize, write_artifacts
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
@@ -191,6 +192,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                         write_artifacts(cfg, _HistoryOnly(history, client_log), summary, Path(tmp), log_model=False)
                         self.client.log_artifacts(run_id, tmp)
                     tags = run_tags(summary)
+            if error:
+                tags["fedsweep.error"] = error[:5000]
             self.flush(key, metrics=metrics, tags=tags)   # the last rows, the summary and the status at once
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
 
@@ -213,6 +216,17 @@ def _records_from_checkpoint(path: Path, position: int | None = None) -> tuple[l
     ckpt = torch.load(path, weights_only=True, map_location="cpu")
     state = ckpt["fedsweep"] if position is None else ckpt["fedsweep_pack"]["members"][position]
     return list(state["history"]), list(state.get("client_log", []))
+
+
+def trial_error(trial) -> str:
+    """The last line of a failed Tune trial's traceback (Tune's error.txt): the exception and its
+    message; a fedsweep ConfigError as its one line alone, naming the key."""
+    try:
+        lines = Path(trial.error_file).read_text(errors="replace").strip().splitlines()
+    except (OSError, TypeError):
+        return "the trial crashed (no error file)"
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "the trial crashed")
+    return last.removeprefix("fedsweep.errors.ConfigError: ")
 
 
 def member_status(trial, index: int) -> str:
@@ -273,8 +287,9 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
                             f"after {part.get('round', 0)} rounds")
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            where = Path(trial.path) / "error.txt"   # kept with the sweep (error_file is Ray's staging copy)
             for index in units[trial.config["trial"]]:
-                self._print(f"[failed] {payloads[index]['label']} (see {trial.local_path})")
+                self._print(f"[failed] {payloads[index]['label']}: {trial_error(trial)} (traceback: {where})")
 
         def on_experiment_end(self, trials, **info):
             self._print(self._line(trials))

@@ -17,7 +17,7 @@ import torch
 
 from fedsweep.config import ConfigError, DataConfig, PartitionConfig, SyntheticConfig
 from fedsweep.data import FederatedData, load_federated
-from fedsweep.data.sources import TORCHVISION
+from fedsweep.data.sources import TORCHVISION, check_files
 
 
 def assert_clients_partition(d: FederatedData):
@@ -145,6 +145,7 @@ def _write_mnist(root, cls_name, n_train=24, n_test=8):
 def test_mnist_family_from_idx_files(tmp_path, name):
     cls_name, (mean,), (std,), _ = TORCHVISION[name]
     files = _write_mnist(tmp_path, cls_name)
+    check_files(DataConfig(name=name, root=str(tmp_path)))          # what a sweep checks before Ray
     d = load_federated(DataConfig(name=name, root=str(tmp_path), num_clients=4), seed=0)
     x, y = files["train"]
     assert d.x_train.shape == (24, 1, 28, 28) and d.x_test.shape == (8, 1, 28, 28)
@@ -199,6 +200,7 @@ def _write_cifar(root, monkeypatch, hundred: bool, n_per_batch=6):
 def test_cifar_from_pickled_batches(tmp_path, monkeypatch, name):
     _, mean, std, n_cls = TORCHVISION[name]
     x_tr, y_tr, x_te, y_te = _write_cifar(tmp_path, monkeypatch, hundred=name == "cifar100")
+    check_files(DataConfig(name=name, root=str(tmp_path)))
     d = load_federated(DataConfig(name=name, root=str(tmp_path), num_clients=3), seed=0)
     assert d.x_train.shape == (len(y_tr), 3, 32, 32) and d.x_test.shape == (len(y_te), 3, 32, 32)
     assert d.x_train.is_contiguous() and d.x_train.dtype == torch.float32
@@ -226,6 +228,10 @@ def test_missing_folder_is_a_config_error(tmp_path, name):
     msg = str(e.value)
     assert msg.startswith(f"data.root: no usable {TORCHVISION[name][0]} files under {root} (expected {root}/")
     assert "data.download: true" in msg and "\n" not in msg
+    with pytest.raises(ConfigError) as before:                    # the same line, before a sweep starts
+        check_files(DataConfig(name=name, root=str(root)))
+    assert str(before.value) == msg
+    check_files(DataConfig(name=name, root=str(root), download=True))   # torchvision fetches them then
 
 
 def test_no_root_is_a_config_error():

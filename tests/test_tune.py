@@ -267,6 +267,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_what_a_trial_would_find_late_is_refused_before_ray(tmp_path, capsys, monkeypatch):
+    """A torchvision dataset's missing files and a `device: cuda` trial given no GPU would fail every
+    trial, after Ray started and after each retry: refused first, one line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "MNIST" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"")   # 1 of 4 files
+    mnist = {**TINY["base"], "data": {**TINY["base"]["data"], "name": "mnist", "root": str(tmp_path / "data")}}
+    cases = [({"grid": {"data.name": ["digits", "mnist"]}, "base": mnist},
+              f"data.root: no usable MNIST files under {tmp_path / 'data'} (expected "),
+             ({"base": {**TINY["base"], "device": "cuda"}}, "device: 'cuda' (trial fedavg local.lr=0.1 seed=0) "
+              "needs resources.gpu > 0")]
+    for over, needle in cases:
+        path = write_sweep(tmp_path / "late.yaml", "late", **over)
+        assert main(["tune", path]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "late.yaml"]
+
+
 def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_sweep(tmp_path / "u.yaml", "u")
@@ -278,30 +297,37 @@ def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "fedsweep_runs").exists()
 
 
-def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path, monkeypatch):
-    """A trial that crashes (here: MNIST files missing, found only inside the trial) is retried
-    `max_failures` times, then marked failed, and the sweep goes on; ASHA stops a trial that lags."""
+def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path, monkeypatch, capsys):
+    """A trial that crashes (here: more clients than the data has samples, found only once the data is
+    loaded inside the trial) is retried `max_failures` times, then marked failed with its error, and
+    the sweep goes on, then exits 4 naming the error; ASHA stops a trial that lags."""
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    (tmp_path / "data").mkdir()
     base = {**TINY["base"], "rounds": 8, "clients_per_round": 8, "eval": {"every": 2},
-            "data": {"name": "digits", "root": str(tmp_path / "data"), "num_clients": 8,
-                     "partition": {"kind": "iid"}}, "model": {"name": "mlp", "hidden": 64}}
+            "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"}},
+            "model": {"name": "mlp", "hidden": 64}}
     path = write_sweep(tmp_path / "a.yaml", "a", base=base, methods={"fedavg": {}}, seeds=[0],
-                       grid={"data.name": ["digits", "mnist"], "local.lr": [0.5, 1.0e-6]},
+                       grid={"data.num_clients": [8, 5000], "local.lr": [0.5, 1.0e-6]},
                        max_concurrent=1, max_failures=1,
                        scheduler={"kind": "asha", "metric": "test/accuracy", "mode": "max",
                                   "grace_period": 2, "reduction_factor": 2})
-    assert main(["tune", path]) == 0
+    assert main(["tune", path]) == 4
+    printed = capsys.readouterr()
+    error = "data.num_clients: N=5000 clients but only "
+    assert f"failed (2 trials): {error}" in printed.out
+    assert printed.err.count("[failed] fedavg data.num_clients=5000") == 2 and "/error.txt)" in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     _, runs = trial_runs(uri, "a")
-    status = {(r.data.params["data.name"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"] for r in runs}
-    assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
-                      ("mnist", "0.5"): "failed", ("mnist", "1e-06"): "failed"}
+    status = {(r.data.params["data.num_clients"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"]
+              for r in runs}
+    assert status == {("8", "0.5"): "finished", ("8", "1e-06"): "stopped",
+                      ("5000", "0.5"): "failed", ("5000", "1e-06"): "failed"}
     for r in runs:
         if r.data.tags["fedsweep.status"] == "failed":
-            assert r.info.status == "FAILED"
+            assert r.info.status == "FAILED" and r.data.tags["fedsweep.error"].startswith(error)
+        else:
+            assert "fedsweep.error" not in r.data.tags
 
 
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))

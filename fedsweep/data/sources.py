@@ -143,26 +143,18 @@ def load_torchvision(cfg: DataConfig) -> Source:
     torchvision's "not found" RuntimeError (and any download failure) becomes a one-line ConfigError
     naming ``data.root`` (or ``data.download``) and the files expected.
     """
-    import torchvision.datasets as tvd  # late: importing torchvision costs seconds
-
     cls_name, mean, std, n_cls = TORCHVISION[cfg.name]
-    cls = getattr(tvd, cls_name)
-    if not cfg.root:
-        raise ConfigError(f"data.root: dataset {cfg.name!r} loads from a folder; set data.root "
-                          f"(and data.download: true to let torchvision fetch it)")
-    root = os.path.expanduser(cfg.root)
+    cls, root = _class_and_root(cfg)
     try:
         train = cls(root, train=True, download=cfg.download)
         test = cls(root, train=False, download=False)
     except (RuntimeError, OSError) as e:
-        top, expected = _expected_files(cls, root)
         if cfg.download:
+            expected = _expected_files(cls, root)[1]
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ConfigError(f"data.download: could not fetch {cls_name} into {root} ({first}); without a "
                               f"network put the files there by hand (expected {expected})") from None
-        raise ConfigError(f"data.root: no usable {cls_name} files under {root} (expected {expected}); "
-                          f"set data.download: true or point data.root at the folder that holds "
-                          f"{top}/") from None
+        raise _missing(cls, root) from None
     except (ValueError, AssertionError, KeyError, EOFError, pickle.UnpicklingError) as e:
         # Files present but malformed (truncated idx file, foreign pickle).
         detail = (str(e).strip().splitlines() or [""])[0]
@@ -172,16 +164,46 @@ def load_torchvision(cfg: DataConfig) -> Source:
                   _images(test.data, mean, std), _labels(test.targets), num_classes=n_cls)
 
 
-def _expected_files(cls: type, root: str) -> tuple[str, str]:
-    """(top folder under root, the files torchvision checks for as one compact path) for messages."""
+def check_files(cfg: DataConfig) -> None:
+    """Before a sweep starts Ray: the files a torchvision dataset loads from are there (unless
+    ``data.download``), or the same one-line ConfigError that loading raises. Names only, not
+    contents: a trial still finds files that are there but unreadable."""
+    if cfg.name not in TORCHVISION or cfg.download:
+        return
+    cls, root = _class_and_root(cfg)
+    _, folder, names = _layout(cls, root)
+    if not all(os.path.isfile(os.path.join(folder, n)) for n in names):
+        raise _missing(cls, root)
+
+
+def _class_and_root(cfg: DataConfig) -> tuple[type, str]:
+    import torchvision.datasets as tvd  # late: importing torchvision costs seconds
+    if not cfg.root:
+        raise ConfigError(f"data.root: dataset {cfg.name!r} loads from a folder; set data.root "
+                          f"(and data.download: true to let torchvision fetch it)")
+    return getattr(tvd, TORCHVISION[cfg.name][0]), os.path.expanduser(cfg.root)
+
+
+def _missing(cls: type, root: str) -> ConfigError:
+    top, expected = _expected_files(cls, root)
+    return ConfigError(f"data.root: no usable {cls.__name__} files under {root} (expected {expected}); set "
+                       f"data.download: true or point data.root at the folder that holds {top}/")
+
+
+def _layout(cls: type, root: str) -> tuple[str, str, list[str]]:
+    """(top folder under root, the folder of the files torchvision checks for, their names)."""
     if hasattr(cls, "resources"):  # MNIST family: <root>/<Class>/raw/<name without .gz>
         top = cls.__name__
         names = [os.path.splitext(url.rsplit("/", 1)[-1])[0] for url, _ in cls.resources]
-        folder = os.path.join(root, top, "raw")
-    else:  # CIFAR: <root>/<base_folder>/<batches>, each checked against torchvision's md5
-        top = cls.base_folder
-        names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-        folder = os.path.join(root, top)
+        return top, os.path.join(root, top, "raw"), names
+    # CIFAR: <root>/<base_folder>/<batches>, each checked against torchvision's md5
+    top = cls.base_folder
+    return top, os.path.join(root, top), [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+
+
+def _expected_files(cls: type, root: str) -> tuple[str, str]:
+    """(top folder under root, the files torchvision checks for as one compact path) for messages."""
+    top, folder, names = _layout(cls, root)
     return top, os.path.join(folder, "{" + ",".join(names) + "}")
 
 
