@@ -114,6 +114,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # Small trials checkpoint often; Ray warns about snapshot frequency on every one of them.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # A crashed trial is one line of fedsweep's ([retrying] / [failed], the error and where its
+    # traceback is kept), not Tune's whole traceback for every attempt.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")   # CPU trials must not grab a GPU
     if address:
         os.environ["RAY_AUTH_MODE"] = mode or check_cluster(address)   # before ray reads its config

@@ -287,9 +287,15 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
                             f"after {part.get('round', 0)} rounds")
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            self._print_error(trial, "failed")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            self._print_error(trial, "retrying", f"failure {trial.num_failures}; ")
+
+        def _print_error(self, trial, word: str, note: str = ""):
             where = Path(trial.path) / "error.txt"   # kept with the sweep (error_file is Ray's staging copy)
             for index in units[trial.config["trial"]]:
-                self._print(f"[failed] {payloads[index]['label']}: {trial_error(trial)} (traceback: {where})")
+                self._print(f"[{word}] {payloads[index]['label']}: {trial_error(trial)} ({note}traceback: {where})")
 
         def on_experiment_end(self, trials, **info):
             self._print(self._line(trials))

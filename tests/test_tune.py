@@ -317,6 +317,8 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     error = "data.num_clients: N=5000 clients but only "
     assert f"failed (2 trials): {error}" in printed.out
     assert printed.err.count("[failed] fedavg data.num_clients=5000") == 2 and "/error.txt)" in printed.err
+    assert printed.err.count("[retrying] fedavg data.num_clients=5000") == 2           # max_failures: 1
+    assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     _, runs = trial_runs(uri, "a")
     status = {(r.data.params["data.num_clients"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"]
