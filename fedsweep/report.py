@@ -13,8 +13,9 @@ How the numbers are made:
   parent run (a sweep may be resumed or rerun). If a ``(config_id, seed)`` appears more than once,
   the latest finished/diverged run is kept (else the latest run).
 - **Scored trials** are those ``finished``, ``diverged`` or ``stopped`` (by the scheduler);
-  ``running``/``failed`` ones are listed but not scored. A diverged trial counts as accuracy 0
-  and as never reaching the target.
+  ``running``/``failed`` ones are listed but not scored (each failed run's error once, in "Failed
+  trials"); a sweep with nothing scored is an error. A diverged trial counts as accuracy 0 and as
+  never reaching the target.
 - **Settings vs tuned params.** Params that vary across trials (``seed``, ``algorithm.name`` and
   ``mlflow.*`` aside) are either *settings* -- the keys in ``setting_keys``, default
   ``heterogeneity.rho`` -- under which methods are compared, or *tuned* hyperparameters. The best
@@ -62,7 +63,8 @@ def _number(value: str):
 def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.DataFrame:
     """One row per trial of ``sweep`` in ``experiment``, duplicates of a (config_id, seed) dropped.
 
-    Columns: ``run_id, parent_run_id, method, config_id, seed, status, start_time, end_time``, the
+    Columns: ``run_id, parent_run_id, method, config_id, seed, status, error`` (a failed run's
+    ``fedsweep.error``, else empty), ``start_time, end_time``, the
     params that vary across trials (dotted keys, numbers parsed) and the summary metrics
     (``best/test_accuracy``, ``rounds_to_target``, ``summary/*``). ``df.attrs`` holds
     ``params`` (the varying param names), ``tracking_uri``, ``experiment``, ``sweep``, ``runs_read``.
@@ -99,6 +101,7 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
             "method": tags.get("fedsweep.method") or params.get("algorithm.name"),
             "config_id": tags.get("fedsweep.config_id"), "seed": _number(params.get("seed")),
             "status": tags.get("fedsweep.status", "finished"),
+            "error": tags.get("fedsweep.error", ""),
             "start_time": r.info.start_time, "end_time": r.info.end_time or 0,
             **keep,
             **{k: v for k, v in metrics.items() if k.startswith("summary/") or k in _SUMMARY_EXTRA},
@@ -601,6 +604,12 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     from mlflow import MlflowClient
 
     trials = load_trials(tracking_uri, experiment, sweep)
+    if not trials["status"].isin(SCORED).any():
+        counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+        errors = trials.loc[trials["error"] != "", "error"]
+        why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
+        raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
+                          f"({counts}){why}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     uri = trials.attrs["tracking_uri"]
@@ -696,6 +705,13 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         _all_table(configs),
         "",
     ]
+    failed = trials[trials["error"] != ""]
+    if len(failed):
+        lines += ["## Failed trials", "", "Each error once (the last line of its traceback; the runs' "
+                  "`fedsweep.error` tag), with the trials that ended with it.", "",
+                  _markdown(["trials", "error", "configs"],
+                            [[str(len(g)), f"`{e}`", ", ".join(sorted(f"`{c}`" for c in g["config_id"].unique()))]
+                             for e, g in sorted(failed.groupby("error"), key=lambda x: -len(x[1]))]), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -227,6 +227,25 @@ def test_report_of_a_missing_or_foreign_store_creates_nothing(tmp_path, monkeypa
     assert notes.read_bytes() == before and (tmp_path / "empty.db").stat().st_size == 0
 
 
+def test_a_sweep_whose_trials_all_failed_is_one_line_naming_the_error(tmp_path):
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(EXPERIMENT)
+    for lr, error in ((0.1, "data.num_clients: N=5000 clients but only 1437 training samples"),
+                      (0.2, "data.num_clients: N=5000 clients but only 1437 training samples"), (0.3, "")):
+        run = client.create_run(exp, tags={"fedsweep.role": "trial", "fedsweep.sweep": SWEEP,
+                                           "fedsweep.config_id": f"c{lr}", "fedsweep.status": "failed",
+                                           **({"fedsweep.error": error} if error else {})})
+        client.log_param(run.info.run_id, "local.lr", lr)
+        client.set_terminated(run.info.run_id, "FAILED")
+    with pytest.raises(ConfigError) as e:
+        write_report(uri, EXPERIMENT, SWEEP, tmp_path / "out")
+    assert str(e.value) == (f"report: none of the 3 trials of sweep {SWEEP!r} has a result to score (failed 3); "
+                            "the most common error: data.num_clients: N=5000 clients but only 1437 training samples")
+    assert not (tmp_path / "out").exists()
+
+
 def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
     """FedCLG Table I shape: mean rounds of each method's best config per setting, speed-up over a reference."""
     text = write_report(store_target, EXPERIMENT, SWEEP, tmp_path, reference="fedavg").read_text()

@@ -330,6 +330,9 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
             assert r.info.status == "FAILED" and r.data.tags["fedsweep.error"].startswith(error)
         else:
             assert "fedsweep.error" not in r.data.tags
+    assert main(["report", path, "--out", "rep"]) == 0               # the others are scored, the error listed
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Failed trials" in text and f"| 2 | `{error}" in text
 
 
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
