@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
                                 "learning and sweep its hyperparameters.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow")
+    r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow",
+                       epilog="exit status: 0 finished, 2 refused before training (one line naming the key), "
+                              "3 diverged (loss NaN/inf), 130 interrupted (Ctrl-C)")
     r.add_argument("config", help="run config YAML (see docs/config.md)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set local.lr=0.1 (repeatable)")
@@ -30,7 +32,10 @@ def _parser() -> argparse.ArgumentParser:
                    "(default 0: only at the end)")
     r.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint")
 
-    t = sub.add_parser("tune", help="run a sweep file as Ray Tune trials, each logged to MLflow")
+    t = sub.add_parser("tune", help="run a sweep file as Ray Tune trials, each logged to MLflow",
+                       epilog="exit status: 0 every trial ended (finished, diverged or stopped), 1 interrupted "
+                              "(continue with --resume), 2 refused before anything ran (one line naming the key), "
+                              "4 some trials failed (each error printed once)")
     t.add_argument("sweep", help="sweep YAML (see docs/sweeps.md)")
     t.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     t.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
