@@ -19,7 +19,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow",
                        epilog="exit status: 0 finished, 2 refused before training (one line naming the key), "
-                              "3 diverged (loss NaN/inf), 130 interrupted (Ctrl-C)")
+                              "3 diverged (loss NaN/inf), 130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
+                              "checkpoint, summary and MLflow run (KILLED) as at a run's end)")
     r.add_argument("config", help="run config YAML (see docs/config.md)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set local.lr=0.1 (repeatable)")
@@ -96,6 +97,11 @@ def _dispatch(args) -> int:
         from fedsweep.run import run   # checks every option and output, then loads the data, then trains
         summary = run(cfg, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
+        if summary["status"] == "interrupted":
+            more = (f"continue with --resume {os.path.join(args.checkpoint_dir, 'last.ckpt')}" if args.checkpoint_dir
+                    else "without --checkpoint-dir it cannot be continued")
+            print(f"fedsweep: interrupted after round {summary['rounds']} of {cfg.rounds}; {more}", file=sys.stderr)
+            return 130
         return 0 if summary["status"] == "finished" else 3
     if args.command == "tune":
         from fedsweep.tune import tune_sweep

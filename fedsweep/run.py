@@ -1,13 +1,16 @@
 """``fedsweep run``: one federated training run through Lightning, summarised and logged to MLflow."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -143,6 +146,55 @@ class _Checkpointer:
         return Checkpointer()
 
 
+class _StopAfterRound:
+    """Ctrl-C or SIGTERM during a run: finish the round in progress, then end the fit there, as a run
+    ends after its last round (its checkpoint saved at that round, its evaluation, a summary). A
+    second Ctrl-C stops at once. Lightning's own answers are ``sys.exit(1)`` mid-round for Ctrl-C,
+    with nothing saved or said, and an exception before the next round for SIGTERM. Only in the main
+    thread: a Ray worker's trials run in threads of their own, and Tune stops them."""
+
+    def __new__(cls):
+        import lightning as L
+
+        class StopAfterRound(L.Callback):
+            signal: str | None = None      # the signal that asked to stop
+            active = False
+
+            def asked(self, signum, frame):
+                self.signal = signal.Signals(signum).name
+                signal.signal(signal.SIGINT, signal.default_int_handler)   # a second Ctrl-C: at once
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                print(f"\n{self.signal}: stopping after the round in progress (Ctrl-C again to stop at once)",
+                      file=sys.stderr, flush=True)
+
+            def on_train_start(self, trainer, module):
+                if self.active and not self.signal:   # over the SIGTERM handler Lightning set in fit
+                    signal.signal(signal.SIGTERM, self.asked)
+
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                if self.signal:
+                    trainer.should_stop = True
+        return StopAfterRound()
+
+
+@contextlib.contextmanager
+def _stop_after_round_on_signal(stop):
+    """``stop`` answers Ctrl-C and SIGTERM while the block runs; the handlers before are put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in before:
+        signal.signal(s, stop.asked)
+    stop.active = True
+    try:
+        yield
+    finally:
+        stop.active = False
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def quiet_logs(lightning: bool = True) -> None:
     """Only warnings and errors from Lightning (unless ``lightning=False``: a sweep's driver never
     imports it, ~4 s), MLflow's store set-up and alembic."""
@@ -262,9 +314,18 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         cbs.append(_Checkpointer(Path(ckpt_dir), ckpt_every))
     # Rounds are counted by optimizer steps (one server step per round), not epochs: a checkpoint
     # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
-    trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), cbs)
-    trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
-    module.record_eval()   # a run cut short (divergence, max_rounds) still ends evaluated
+    stop = _StopAfterRound()
+    trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), [stop, *cbs])
+    try:
+        with _stop_after_round_on_signal(stop):
+            trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
+    except SystemExit:
+        if trainer.interrupted:     # a second Ctrl-C: Lightning ran its exception hooks, then exit(1)
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # it left Ctrl-C ignored
+            raise KeyboardInterrupt from None
+        raise
+    module.interrupted = bool(stop.signal) and module.rounds_done < cfg.rounds
+    module.record_eval()   # a run cut short (divergence, max_rounds, Ctrl-C) still ends evaluated
     return module
 
 
@@ -315,6 +376,8 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
     module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
                    max_rounds=max_rounds, data=data)
     summary = summarize(cfg, module.history, module.diverged)
+    if module.interrupted:
+        summary["status"] = "interrupted"
     summary["wall_seconds"] = time.perf_counter() - t0
     print(format_summary(summary), file=out)
     if output_json is not None:   # before MLflow: a store that fails now does not lose the summary

@@ -256,6 +256,8 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
         client.log_batch(rid, metrics=metrics[i:i + 1000])
     client.log_batch(rid, tags=[RunTag("fedsweep.algorithm", cfg.algorithm.name)])
     client.log_artifacts(rid, str(artifacts_dir))
-    # A diverged run is FAILED, so the MLflow UI's status column tells it from a usable one.
-    client.set_terminated(rid, status="FINISHED" if summary.get("status", "finished") == "finished" else "FAILED")
+    # A diverged run is FAILED, so the MLflow UI's status column tells it from a usable one; one
+    # stopped by Ctrl-C is KILLED.
+    status = summary.get("status", "finished")
+    client.set_terminated(rid, status={"finished": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
     return rid

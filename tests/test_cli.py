@@ -1,7 +1,12 @@
 """`fedsweep run` end to end: JSON summary, a real MLflow store, and clean one-line user errors."""
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
+import torch
 import yaml
 
 from fedsweep.algorithms import available
@@ -13,6 +18,37 @@ def write(tmp_path, raw):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
+
+
+def test_ctrl_c_ends_a_run_after_its_round_saved_summarised_and_logged(tmp_path):
+    """`fedsweep run` in a terminal, Ctrl-C once it trains: exit 130, one line saying where it stopped and
+    how to continue, the summary (status interrupted), the checkpoint and a KILLED MLflow run."""
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = write(tmp_path, tiny_raw(rounds=100_000, eval={"every": 50}, mlflow={"enabled": True, "tracking_uri": uri}))
+    proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "run", cfg, "--checkpoint-dir", "ck",
+                             "--output-json", "s.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stderr:           # wait until it trains: the first evaluation's line
+            if line.startswith("round "):
+                break
+        os.killpg(proc.pid, signal.SIGINT)   # a terminal sends Ctrl-C to the whole foreground group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert proc.returncode == 130 and summary["status"] == "interrupted", err
+    n = summary["rounds"]
+    assert "SIGINT: stopping after the round in progress" in err and "Traceback" not in err
+    assert f"fedsweep: interrupted after round {n} of 100000; continue with --resume ck/last.ckpt" in err
+    assert "status                             interrupted" in out
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)["fedsweep"]["rounds_done"] == n
+    (run,) = MlflowClient(tracking_uri=uri).search_runs([MlflowClient(tracking_uri=uri)
+                                                         .get_experiment_by_name("fedsweep").experiment_id])
+    assert run.info.status == "KILLED" and run.data.tags["fedsweep.status"] == "interrupted"
+    assert run.data.metrics["summary/rounds"] == n
 
 
 def test_run_writes_json_and_mlflow(tmp_path, tmp_mlflow, capsys):

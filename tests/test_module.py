@@ -1,4 +1,7 @@
 """The LightningModule: a round changes the model, metrics are recorded, resume is exact."""
+import os
+import signal
+
 import pytest
 import torch
 
@@ -53,6 +56,32 @@ def test_resume_from_checkpoint_is_exact(tmp_path, algo, server):
     raw = tiny_raw(rounds=6, algorithm={"name": algo}, server=server, eval={"every": 2})
     _, resumed, _ = resumed_run(raw, tmp_path, stop=3)
     assert [h["round"] for h in resumed.history] == list(range(1, 7))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_after_the_round_in_progress_and_resume_is_exact(tmp_path, sig):
+    """Ctrl-C or SIGTERM while round 3 trains: round 3 ends, the checkpoint is saved there, the run
+    ends evaluated and marked interrupted, the handlers before are back; resumed from that
+    checkpoint it ends where an uninterrupted run ends."""
+    import lightning as L
+    raw = tiny_raw(rounds=6, eval={"every": 2}, algorithm={"name": "fedlga"},
+                   server={"optimizer": "momentum", "lr": 0.5})
+    full = train(build_config(raw), progress=False)
+
+    class Press(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if module.rounds_done == 2:
+                os.kill(os.getpid(), sig)
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cut = train(build_config(raw), progress=False, ckpt_dir=tmp_path, callbacks=[Press()])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert cut.interrupted and cut.rounds_done == 3 and "test/accuracy" in cut.history[-1]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["fedsweep"]["rounds_done"] == 3
+    resumed = train(build_config(raw), progress=False, resume=tmp_path / "last.ckpt")
+    assert not resumed.interrupted and torch.equal(resumed.w, full.w)
+    strip = lambda hs: [{k: v for k, v in h.items() if k != "round/seconds"} for h in hs]  # noqa: E731
+    assert strip(resumed.history) == strip(full.history)
 
 
 def test_summary_rounds_to_target_and_eval_cadence():
