@@ -69,11 +69,12 @@ def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int
     if len(old) != len(new):
         return f"{len(old)} trials then, {len(new)} now"
     differ = []
-    for a, b in zip(old, new):
+    for i, (a, b) in enumerate(zip(old, new)):
         fa, fb = flatten(a["run"]), flatten(b["run"])
         keys = [k for k in fa if fa[k] != fb.get(k)]
         if keys:
-            differ.append(f"{a['label']}: " + ", ".join(f"{k} {fa[k]!r} then, {fb.get(k)!r} now" for k in keys[:3]))
+            differ.append(f"{a.get('label', f'trial {i}')}: " +
+                          ", ".join(f"{k} {fa[k]!r} then, {fb.get(k)!r} now" for k in keys[:3]))
     if differ:
         return f"{len(differ)} of {len(old)} trials differ; {differ[0]}"
     if saved["units"] != units:

@@ -128,6 +128,29 @@ def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
         assert needle in err and len(err.strip().splitlines()) == 1, (over, err)
 
 
+def test_what_changed_since_a_sweep_started(tmp_path):
+    """What `--resume` compares: the saved trials against those the sweep file gives now."""
+    from fedsweep.sweep import pack_units
+    from fedsweep.tune import _changed_since_start, _trial_payload
+
+    def state(**over):
+        sweep = load_sweep(write_sweep(tmp_path / "c.yaml", "c", **over))
+        trials = expand(sweep)
+        return json.loads(json.dumps({"trials": [_trial_payload(t, sweep) for t in trials],
+                                      "units": pack_units(sweep, trials)}))
+
+    saved = state()
+    now = lambda **over: _changed_since_start(saved, (s := state(**over))["trials"], s["units"])  # noqa: E731
+    assert now() == ""
+    assert now(seeds=[0, 1]) == "4 trials then, 8 now"
+    assert now(base={**TINY["base"], "rounds": 5}) == \
+        "4 of 4 trials differ; fedavg local.lr=0.1 seed=0: rounds 4 then, 5 now"
+    assert now(pack=2) == "its trials were packed into 4 units, now 2 (pack:)"
+    older = json.loads(json.dumps(saved))          # a key a later fedsweep added is not a change
+    del older["trials"][0]["run"]["eval"]["every"]
+    assert _changed_since_start(older, saved["trials"], saved["units"]) == ""
+
+
 def test_grid_expansion_crosses_methods_and_seeds(tmp_path):
     path = write_sweep(tmp_path / "g.yaml", "g", seeds=[0, 1, 2],
                        grid={"local.lr": [0.1, 0.2], "heterogeneity.rho": [0.1, 0.5, 0.9]})
