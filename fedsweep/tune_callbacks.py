@@ -246,14 +246,45 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
     return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
 
 
+def _duration(seconds: float) -> str:
+    """12 s, 3 min 05 s, 2 h 07 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=None):
-    """A live view of the whole sweep: one line per finished trial and a status line every 10 s.
-    Counts come from Tune's list of every trial, so a resumed sweep counts what ran before too."""
+    """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
+    the time so far and, once trials report, an estimate of the time left (from the rounds trained
+    per second since the first report). Counts come from Tune's list of every trial, so a resumed
+    sweep counts what ran before too."""
     from ray import tune
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best, self.last_print = len(payloads), None, 0.0
+            self.total, self.best = len(payloads), None
+            self._start_clock()
+
+        def _start_clock(self):
+            self.started, self.last_print = time.monotonic(), 0.0
+            self.reported: dict[int, int] = {}   # sweep trial -> last round it reported
+            self.first: tuple[float, int] | None = None   # (when, rounds done) at the first report
+
+        def __setstate__(self, state):           # restored by `--resume`: this driver's clock
+            self.__dict__.update(state)
+            self._start_clock()
+
+        def _rounds_done(self, trials) -> int:
+            """Rounds trained over the sweep's trials; an ended trial counts whole (it needs no more)."""
+            done = 0
+            for t in trials:
+                for i in units[t.config["trial"]]:
+                    ended = t.status in ("TERMINATED", "ERROR")
+                    done += payloads[i]["run"]["rounds"] if ended else self.reported.get(i, 0)
+            return done
 
         def _line(self, trials) -> str:
             counts: dict[str, int] = {}
@@ -262,13 +293,24 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
                     counts[s] = counts.get(s, 0) + 1
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
-            return f"[sweep] {self.total} trials: {', '.join(parts)}{best}"
+            now, done = time.monotonic(), self._rounds_done(trials)
+            total = sum(p["run"]["rounds"] for p in payloads)
+            clock = f" | {_duration(now - self.started)}"
+            if self.first and self.first[1] < done < total and now - self.first[0] >= 5:
+                # rounds per second since the first report (start-up excluded) over what is left
+                rate = (done - self.first[1]) / (now - self.first[0])
+                clock += f", ~{_duration((total - done) / rate)} left"
+            return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
 
         def _print(self, text):
             print(text, file=stream or sys.stderr, flush=True)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            if self.first is None:
+                self.first = (time.monotonic(), self._rounds_done(trials))
             for index, part in result.get("members", {}).items():
+                if part.get("rows"):
+                    self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
                 evals = [r["test/accuracy"] for r in part.get("rows", []) if "test/accuracy" in r]
                 acc = max(evals, default=None)
                 if acc is not None and math.isfinite(acc) and (self.best is None or acc > self.best[0]):

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -149,6 +150,12 @@ def test_what_changed_since_a_sweep_started(tmp_path):
     older = json.loads(json.dumps(saved))          # a key a later fedsweep added is not a change
     del older["trials"][0]["run"]["eval"]["every"]
     assert _changed_since_start(older, saved["trials"], saved["units"]) == ""
+
+
+def test_durations_read_as_people_say_them():
+    from fedsweep.tune_callbacks import _duration
+    assert [_duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \
+        ["0 s", "59 s", "1 min 01 s", "59 min 59 s", "1 h 00 min", "2 h 07 min"]
 
 
 def test_grid_expansion_crosses_methods_and_seeds(tmp_path):
@@ -341,6 +348,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     assert f"failed (2 trials): {error}" in printed.out
     assert printed.err.count("[failed] fedavg data.num_clients=5000") == 2 and "/error.txt)" in printed.err
     assert printed.err.count("[retrying] fedavg data.num_clients=5000") == 2           # max_failures: 1
+    assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| best .* \| \d+ s$", printed.err, re.M)
     assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     _, runs = trial_runs(uri, "a")
