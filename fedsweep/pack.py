@@ -59,7 +59,7 @@ class PackedModule(L.LightningModule):
     round t of every member still training."""
 
     def __init__(self, cfgs: list[RunConfig], data: list[FederatedData | None] | None = None,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, ids: list[int] | None = None):
         super().__init__()
         if not cfgs:
             raise ConfigError("pack: no configs to train")
@@ -67,6 +67,7 @@ class PackedModule(L.LightningModule):
         self.automatic_optimization = False
         self.members = nn.ModuleList([FederatedModule(c, data=d) for c, d in zip(cfgs, data or [None] * len(cfgs))])
         self.cfg = cfgs[0]                 # what Rounds reads: the shared round count
+        self.ids = list(ids) if ids is not None else list(range(len(cfgs)))   # the members' sweep trials
         self.max_rows = max_rows           # rows of one engine call; None: the rule in build()
         self.rounds_done = 0
         self.engines: dict[str, VectorizedEngine] = {}
@@ -173,10 +174,13 @@ class PackedModule(L.LightningModule):
             c: dict[str, Any] = {}
             m.on_save_checkpoint(c)
             states.append({**c["fedsweep"], "diverged": m.diverged})
-        checkpoint["fedsweep_pack"] = {"rounds_done": self.rounds_done, "members": states}
+        checkpoint["fedsweep_pack"] = {"rounds_done": self.rounds_done, "members": states, "ids": self.ids}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["fedsweep_pack"]
+        if list(state.get("ids", self.ids)) != self.ids:
+            raise ConfigError(f"--resume: the checkpoint holds the pack's members {state['ids']}, this pack "
+                              f"{self.ids}")
         self.rounds_done = int(state["rounds_done"])
         for m, s in zip(self.members, state["members"]):
             m.on_load_checkpoint({"fedsweep": s})
@@ -215,14 +219,16 @@ def _stack_batches(parts: list[Batches], offsets: list[int]) -> Batches:
     return Batches(index, mask)
 
 
-def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None, max_rows=None) -> PackedModule:
-    """Fit the members of a pack; returns the module (``module.members[i].history`` per config)."""
+def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None, max_rows=None,
+                 ids=None) -> PackedModule:
+    """Fit the members of a pack; returns the module (``module.members[i].history`` per config).
+    ``ids``: the members' sweep trial indices, kept in the checkpoint (default 0..n-1)."""
     from fedsweep.allocator import keep_freed_memory
     from fedsweep.run import lightning_trainer, quiet_logs, resolve_device
     quiet_logs()
     keep_freed_memory()
     devices = {resolve_device(c.device) for c in cfgs}
-    module = PackedModule(cfgs, data=data, max_rows=max_rows)
+    module = PackedModule(cfgs, data=data, max_rows=max_rows, ids=ids)
     # One epoch of `rounds` training steps: with one optimizer per member, Lightning counts every
     # member's server step as a step of its own, so max_steps cannot count rounds here.
     trainer = lightning_trainer(devices.pop(), -1, list(callbacks), max_epochs=1)

@@ -13,7 +13,7 @@ import math
 import time
 from pathlib import Path
 
-from fedsweep.config import RunConfig
+from fedsweep.config import ConfigError, RunConfig
 
 
 
@@ -33,12 +33,15 @@ def _members(module) -> list:
     return list(module.members) if hasattr(module, "members") else [module]
 
 
-def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0):
+def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0,
+                   failed: dict[int, str] | None = None):
     """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
     holds, per trial index, the metric rows since the last report (``members``). Reports come at
     evaluations, at most one per ``min_interval`` seconds (0 with a scheduler, which decides at every
     evaluation; without one, each report costs a round trip to the driver and nothing is gained by
-    sending rows one evaluation at a time). Checkpoints every ``checkpoint_every`` evaluations."""
+    sending rows one evaluation at a time). Checkpoints every ``checkpoint_every`` evaluations.
+    ``failed``: members of a pack left out before training (index -> error), in every report."""
+    failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}
     import lightning as L
 
     class TuneReporter(L.Callback):
@@ -86,12 +89,33 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
                        "best/test_accuracy": best}
             if final:
                 metrics["fedsweep_done"] = True
+            metrics["members"].update(failed_parts)
             if checkpoint:   # before the report: the driver reads it when the trial completes
                 self.save(trainer)
             self.last = time.monotonic()
             tune.report(metrics)
 
+        def report_failed_only(self):
+            """Every member of the pack was left out: the unit ends here."""
+            from ray import tune
+            tune.report({"round": 0, "members": failed_parts, "fedsweep_done": True, "test/accuracy": 0.0,
+                         "test/loss": math.inf, "best/test_accuracy": 0.0})
+
     return TuneReporter()
+
+
+def _loadable_members(trials: list[int], cfgs: list[RunConfig]):
+    """A pack's members whose data can be made, with that data, and (index -> error) for those whose
+    cannot: a config error only the data shows (more clients than samples, a partition it cannot
+    make) fails that member alone, as a diverged member stops alone."""
+    from fedsweep.data import load_federated
+    kept, failed = [], {}
+    for index, cfg in zip(trials, cfgs):
+        try:
+            kept.append((index, cfg, load_federated(cfg.data, cfg.seed, server=cfg.server_data)))
+        except ConfigError as e:
+            failed[index] = str(e)
+    return [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept], failed
 
 
 def final_part(summary: dict, rounds: int) -> dict:
@@ -111,13 +135,19 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
     trial_id = tune.get_context().get_trial_id()
     ckpt = trial_checkpoint(config["ckpt_dir"], trial_id)
-    reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0))
     resume = ckpt if ckpt.is_file() else None
     if len(cfgs) == 1:
+        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0))
         module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
     else:
         from fedsweep.pack import train_packed
-        module = train_packed(cfgs, resume=resume, callbacks=[reporter])
+        trials, cfgs, data, failed = _loadable_members(trials, cfgs)
+        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0),
+                                  failed)
+        if not trials:
+            reporter.report_failed_only()
+            return
+        module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
     final = []
     for index, cfg, m in zip(trials, cfgs, _members(module)):
         summary = summarize(cfg, m.history, m.diverged)

@@ -55,6 +55,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.flushed: dict[tuple, float] = {}   # -> when rows were last written
             self.closed: set[tuple] = set()         # runs that already hold their final result
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
+            self.errors: dict[tuple, str] = {}      # -> why a pack left the member out
             self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
             self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
@@ -125,6 +126,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.logged[key] = rows[-1]["round"]
                 if "status" in part:
                     self.final[key] = part["status"]
+                if part.get("error"):
+                    self.errors[key] = part["error"]
                 if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose,
                     self.engine_param[key] = part["engine"]                # with the next rows written
                     self.engine_logged.add(key)
@@ -155,7 +158,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
-                self._finish(trial, index, self.final.get((trial.trial_id, index)) or member_status(trial, index))
+                key = (trial.trial_id, index)
+                self._finish(trial, index, self.final.get(key) or member_status(trial, index),
+                             self.errors.get(key, ""))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             error = trial_error(trial)
@@ -182,8 +187,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             else:   # stopped by a scheduler, or failed: what its last checkpoint holds
                 cfg = RunConfig(**self.payloads[index]["run"])
                 unit = self.units[trial.config["trial"]]
-                history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
-                                                               unit.index(index) if len(unit) > 1 else None)
+                history, client_log = ([], []) if error else _records_from_checkpoint(
+                    trial_checkpoint(self.ckpt_dir, trial.trial_id), index if len(unit) > 1 else None, unit)
                 if history:
                     summary = summarize(cfg, history, diverged=status == "diverged")
                     summary["status"] = status
@@ -207,14 +212,23 @@ class _HistoryOnly:
         self.history, self.client_log = history, list(client_log)
 
 
-def _records_from_checkpoint(path: Path, position: int | None = None) -> tuple[list[dict], list[dict]]:
-    """(metric history, per-client log) of a trial's checkpoint, or of member ``position`` of a
-    pack's; empty if there is none."""
+def _records_from_checkpoint(path: Path, member: int | None = None,
+                             unit: list[int] = ()) -> tuple[list[dict], list[dict]]:
+    """(metric history, per-client log) of a trial's checkpoint, or of sweep trial ``member`` in a
+    pack's (its members' sweep trials are in the checkpoint; one written before they were is the
+    whole ``unit``); empty if there is none."""
     import torch
     if not path.is_file():
         return [], []
     ckpt = torch.load(path, weights_only=True, map_location="cpu")
-    state = ckpt["fedsweep"] if position is None else ckpt["fedsweep_pack"]["members"][position]
+    if member is None:
+        state = ckpt["fedsweep"]
+    else:
+        pack = ckpt["fedsweep_pack"]
+        ids = list(pack.get("ids", unit))
+        if member not in ids:
+            return [], []
+        state = pack["members"][ids.index(member)]
     return list(state["history"]), list(state.get("client_log", []))
 
 
@@ -324,6 +338,9 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
             last = trial.last_result or {}
             for index in units[trial.config["trial"]]:
                 part = {**last, **parts.get(str(index), {})}   # a stopped trial's last report says it
+                if part.get("error"):
+                    self._print(f"[failed] {payloads[index]['label']}: {part['error']}")
+                    continue
                 acc = part.get("best/test_accuracy", float("nan"))
                 self._print(f"[{member_status(trial, index)}] {payloads[index]['label']}: best acc {acc:.4f} "
                             f"after {part.get('round', 0)} rounds")

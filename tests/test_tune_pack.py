@@ -51,6 +51,38 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
                                                     for h in solo.history if "test/accuracy" in h]
 
 
+def test_a_member_whose_data_cannot_be_made_fails_alone(tmp_path, monkeypatch, capsys):
+    """More clients than the data has samples is found only when a member's data is made: that member
+    ends failed with the error, at once, and its pack mates train as if it were not there; a pack
+    whose members all fail ends at once too."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = write_sweep(tmp_path / "f.yaml", "f", methods={"fedavg": {}}, seeds=[0], pack=2,
+                       grid={"data.num_clients": [8, 5000, 6000, 7000]})
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    assert sorted(pack_units(sweep, trials)) == [[0, 2], [1, 3]]   # one pack mixed, one all failing
+    assert main(["tune", path]) == 4
+    printed = capsys.readouterr()
+    assert "[sweep] 4 trials: 3 failed, 1 finished" in printed.err and "[retrying]" not in printed.err
+    for n in (5000, 6000, 7000):
+        assert f"[failed] fedavg data.num_clients={n} seed=0: data.num_clients: N={n} clients but only " in printed.err
+    client, runs = trial_runs(uri, "f")
+    by_n = {r.data.params["data.num_clients"]: r for r in runs}
+    for n in ("5000", "6000", "7000"):
+        r = by_n[n]
+        assert r.info.status == "FAILED" and r.data.tags["fedsweep.status"] == "failed"
+        assert r.data.tags["fedsweep.error"].startswith(f"data.num_clients: N={n} clients but only ")
+        assert not client.get_metric_history(r.info.run_id, "train/loss")
+    ok = by_n["8"]
+    assert ok.data.tags["fedsweep.status"] == "finished" and "fedsweep.error" not in ok.data.tags
+    solo = train(trials[0].config.model_copy(update={"mlflow": trials[0].config.mlflow.model_copy(
+        update={"enabled": False})}), progress=False)
+    losses = client.get_metric_history(ok.info.run_id, "train/loss")
+    assert [m.value for m in losses] == pytest.approx([h["train/loss"] for h in solo.history], abs=1e-5)
+
+
 def test_packed_sweep_resumes_after_kill(tmp_path, monkeypatch):
     """`kill -9` of the driver mid-sweep; `--resume` finishes every packed config, each round logged
     exactly once, nothing duplicated."""
