@@ -108,7 +108,9 @@ def _loadable_members(trials: list[int], cfgs: list[RunConfig]):
     """A pack's members whose data can be made, with that data, and (index -> error) for those whose
     cannot: a config error only the data shows (more clients than samples, a partition it cannot
     make) fails that member alone, as a diverged member stops alone."""
+    from fedsweep.allocator import keep_freed_memory
     from fedsweep.data import load_federated
+    keep_freed_memory()   # as train_packed would before loading them
     kept, failed = [], {}
     for index, cfg in zip(trials, cfgs):
         try:
