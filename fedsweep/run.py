@@ -108,8 +108,19 @@ def format_summary(summary: dict) -> str:
     return "\n".join([line] + [f"{k:<{width}}  {fmt(v)}" for k, v in rows] + [line])
 
 
+def duration(seconds: float) -> str:
+    """12 s, 3 min 05 s, 2 h 07 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 class _Progress:
-    """A Lightning callback printing one line per evaluation (long runs show they are alive)."""
+    """A Lightning callback printing one line per evaluation (long runs show they are alive), with
+    about how long is left: the rounds to go at the mean time of the last 50."""
 
     def __new__(cls, total: int):
         import lightning as L
@@ -118,9 +129,12 @@ class _Progress:
             def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
                 h = module.history[-1]
                 if "test/accuracy" in h:
+                    recent = [r["round/seconds"] for r in module.history[-50:]]
+                    left = (total - h["round"]) * sum(recent) / len(recent)
                     print(f"round {h['round']:>4}/{total}  test acc {h['test/accuracy']:.4f}  "
                           f"test loss {h['test/loss']:.4f}  train loss {h['train/loss']:.4f}  "
-                          f"{1000 * h['round/seconds']:.1f} ms/round", file=sys.stderr, flush=True)
+                          f"{1000 * h['round/seconds']:.1f} ms/round" + (f"  ~{duration(left)} left" if left else ""),
+                          file=sys.stderr, flush=True)
         return Progress()
 
 

@@ -260,16 +260,6 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
     return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
 
 
-def _duration(seconds: float) -> str:
-    """12 s, 3 min 05 s, 2 h 07 min."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
 def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=None):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
@@ -309,11 +299,12 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
             now, done = time.monotonic(), self._rounds_done(trials)
             total = sum(p["run"]["rounds"] for p in payloads)
-            clock = f" | {_duration(now - self.started)}"
+            from fedsweep.run import duration
+            clock = f" | {duration(now - self.started)}"
             if self.first and self.first[1] < done < total and now - self.first[0] >= 5:
                 # rounds per second since the first report (start-up excluded) over what is left
                 rate = (done - self.first[1]) / (now - self.first[0])
-                clock += f", ~{_duration((total - done) / rate)} left"
+                clock += f", ~{duration((total - done) / rate)} left"
             return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
 
         def _print(self, text):

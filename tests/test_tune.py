@@ -153,8 +153,8 @@ def test_what_changed_since_a_sweep_started(tmp_path):
 
 
 def test_durations_read_as_people_say_them():
-    from fedsweep.tune_callbacks import _duration
-    assert [_duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \
+    from fedsweep.run import duration
+    assert [duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \
         ["0 s", "59 s", "1 min 01 s", "59 min 59 s", "1 h 00 min", "2 h 07 min"]
 
 
