@@ -187,8 +187,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             else:   # stopped by a scheduler, or failed: what its last checkpoint holds
                 cfg = RunConfig(**self.payloads[index]["run"])
                 unit = self.units[trial.config["trial"]]
-                history, client_log = ([], []) if error else _records_from_checkpoint(
-                    trial_checkpoint(self.ckpt_dir, trial.trial_id), index if len(unit) > 1 else None, unit)
+                history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
+                                                               index if len(unit) > 1 else None, unit)
                 if history:
                     summary = summarize(cfg, history, diverged=status == "diverged")
                     summary["status"] = status
@@ -273,6 +273,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
             self._start_clock()
 
         def _start_clock(self):
+            self.rounds_total = sum(p["run"]["rounds"] for p in payloads)
             self.started, self.last_print = time.monotonic(), 0.0
             self.reported: dict[int, int] = {}   # sweep trial -> last round it reported
             self.first: tuple[float, int] | None = None   # (when, rounds done) at the first report
@@ -297,8 +298,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
                     counts[s] = counts.get(s, 0) + 1
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
-            now, done = time.monotonic(), self._rounds_done(trials)
-            total = sum(p["run"]["rounds"] for p in payloads)
+            now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
             from fedsweep.run import duration
             clock = f" | {duration(now - self.started)}"
             if self.first and self.first[1] < done < total and now - self.first[0] >= 5:
