@@ -211,6 +211,13 @@ class RunConfig(_Strict):
         "convolutions on a CPU, `vectorized` otherwise (the rule measured in benchmarks/README.md); the "
         "run header and the MLflow param `engine_used` say which ran.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` uses CUDA when available.")
+    matmul_precision: Literal["highest", "high", "medium"] = Field(
+        "highest", description="float32 matrix products while a run trains "
+        "(`torch.set_float32_matmul_precision`, put back afterwards). `highest`: full float32, the same "
+        "numbers on every machine. `high` (TF32 or two bfloat16s) and `medium` (bfloat16): faster where "
+        "the hardware has such units (NVIDIA tensor cores; oneDNN on some Intel CPUs), with errors of "
+        "about 1e-3 (`high`) or 1e-2 (`medium`) relative in each product; elsewhere the same as "
+        "`highest`. CUDA convolutions follow PyTorch's cuDNN default (TF32 allowed) either way.")
     clients_per_round: int = Field(10, ge=1, description="K, clients sampled per round (K = N: all).")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -224,15 +224,16 @@ def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None,
     """Fit the members of a pack; returns the module (``module.members[i].history`` per config).
     ``ids``: the members' sweep trial indices, kept in the checkpoint (default 0..n-1)."""
     from fedsweep.allocator import keep_freed_memory
-    from fedsweep.run import lightning_trainer, quiet_logs, resolve_device
+    from fedsweep.run import lightning_trainer, matmul_precision, quiet_logs, resolve_device
     quiet_logs()
     keep_freed_memory()
     devices = {resolve_device(c.device) for c in cfgs}
-    module = PackedModule(cfgs, data=data, max_rows=max_rows, ids=ids)
-    # One epoch of `rounds` training steps: with one optimizer per member, Lightning counts every
-    # member's server step as a step of its own, so max_steps cannot count rounds here.
-    trainer = lightning_trainer(devices.pop(), -1, list(callbacks), max_epochs=1)
-    trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
-    for m in module.members:
-        m.record_eval()   # a member cut short (divergence) still ends evaluated
+    with matmul_precision(cfgs[0].matmul_precision):   # one in a pack: sweep.pack_key
+        module = PackedModule(cfgs, data=data, max_rows=max_rows, ids=ids)
+        # One epoch of `rounds` training steps: with one optimizer per member, Lightning counts every
+        # member's server step as a step of its own, so max_steps cannot count rounds here.
+        trainer = lightning_trainer(devices.pop(), -1, list(callbacks), max_epochs=1)
+        trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
+        for m in module.members:
+            m.record_eval()   # a member cut short (divergence) still ends evaluated
     return module

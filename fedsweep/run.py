@@ -192,6 +192,19 @@ class _StopAfterRound:
 
 
 @contextlib.contextmanager
+def matmul_precision(precision: str):
+    """torch's float32 matmul precision (``RunConfig.matmul_precision``) for the block, then the one
+    before: it is process-wide, and what else runs in the process (the next pack in a Ray worker, a
+    test) must not inherit it. On Intel CPUs with AMX, ``high`` changes the CPU's numbers too."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@contextlib.contextmanager
 def _stop_after_round_on_signal(stop):
     """``stop`` answers Ctrl-C and SIGTERM while the block runs; the handlers before are put back."""
     if threading.current_thread() is not threading.main_thread():
@@ -309,44 +322,44 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     accelerator = resolve_device(cfg.device)
     if resume is not None and not Path(resume).is_file():
         raise ConfigError(f"--resume: checkpoint not found: {resume}")
-    module = FederatedModule(cfg, data=data)
-    if resume is not None:
-        check_checkpoint(resume, module)
-    if progress:
-        from fedsweep.engine import choose_engine
-        engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
-        how = " (auto)" if cfg.engine == "auto" else ""
-        print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
-              f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}", file=sys.stderr, flush=True)
-        if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
-            print("note: on CPU the loop engine runs conv models faster than the vectorized one "
-                  "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
-    cbs = list(callbacks)
-    if progress:
-        cbs.append(_Progress(cfg.rounds))
-    if ckpt_dir is not None:
-        cbs.append(_Checkpointer(Path(ckpt_dir), ckpt_every))
-    # Rounds are counted by optimizer steps (one server step per round), not epochs: a checkpoint
-    # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
-    stop = _StopAfterRound()
-    trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), [stop, *cbs])
-    try:
-        with _stop_after_round_on_signal(stop):
-            trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
-    except SystemExit:
-        if trainer.interrupted:     # a second Ctrl-C: Lightning ran its exception hooks, then exit(1)
-            signal.signal(signal.SIGINT, signal.default_int_handler)   # it left Ctrl-C ignored
-            raise KeyboardInterrupt from None
-        raise
-    module.interrupted = bool(stop.signal) and module.rounds_done < cfg.rounds
-    module.record_eval()   # a run cut short (divergence, max_rounds, Ctrl-C) still ends evaluated
+    with matmul_precision(cfg.matmul_precision):
+        module = FederatedModule(cfg, data=data)
+        if resume is not None:
+            check_checkpoint(resume, module)
+        if progress:
+            from fedsweep.engine import choose_engine
+            engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
+            how = " (auto)" if cfg.engine == "auto" else ""
+            print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
+                  f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}", file=sys.stderr, flush=True)
+            if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
+                print("note: on CPU the loop engine runs conv models faster than the vectorized one "
+                      "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
+        cbs = list(callbacks)
+        if progress:
+            cbs.append(_Progress(cfg.rounds))
+        if ckpt_dir is not None:
+            cbs.append(_Checkpointer(Path(ckpt_dir), ckpt_every))
+        # Rounds are counted by optimizer steps (one server step per round), not epochs: a checkpoint
+        # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
+        stop = _StopAfterRound()
+        trainer = lightning_trainer(accelerator, min(max_rounds or cfg.rounds, cfg.rounds), [stop, *cbs])
+        try:
+            with _stop_after_round_on_signal(stop):
+                trainer.fit(module, ckpt_path=str(resume) if resume is not None else None)
+        except SystemExit:
+            if trainer.interrupted:     # a second Ctrl-C: Lightning ran its exception hooks, then exit(1)
+                signal.signal(signal.SIGINT, signal.default_int_handler)   # it left Ctrl-C ignored
+                raise KeyboardInterrupt from None
+            raise
+        module.interrupted = bool(stop.signal) and module.rounds_done < cfg.rounds
+        module.record_eval()   # a run cut short (divergence, max_rounds, Ctrl-C) still ends evaluated
     return module
 
 
 def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epochs: int = -1):
     """The Trainer of a run: fedsweep's own evaluation and checkpoints, no logger or progress bar."""
     import lightning as L
-    torch.set_float32_matmul_precision("high")
     return L.Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, max_steps=max_steps,
                      limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)

@@ -181,10 +181,11 @@ _PER_MEMBER_DATA = ("partition", "num_clients", "train_size")
 
 def pack_key(cfg: RunConfig) -> str:
     """Configs with equal keys can train in one pack (fedsweep/pack.py): same model, data source,
-    round count, engine and device."""
+    round count, engine, device and matmul precision."""
     data = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in _PER_MEMBER_DATA}
     return json.dumps({"rounds": cfg.rounds, "model": cfg.model.model_dump(mode="json"), "data": data,
-                       "engine": cfg.engine, "device": cfg.device}, sort_keys=True)
+                       "engine": cfg.engine, "device": cfg.device, "matmul_precision": cfg.matmul_precision},
+                      sort_keys=True)
 
 
 def client_code(cfg: RunConfig) -> str:

@@ -76,6 +76,16 @@ def resumed_run(raw: dict, tmp_path, stop: int):
     return full, resumed, saved
 
 
+@pytest.fixture(autouse=True)
+def torch_precision_unchanged():
+    """Every test leaves torch's process-wide float32 matmul precision as it found it. A run that left
+    it at `high` made later tests compute differently on CI machines whose CPUs (Intel, with AMX) do
+    reduced-precision float32 products: test_models' vmap-against-per-copy check failed there."""
+    before = torch.get_float32_matmul_precision()
+    yield
+    assert torch.get_float32_matmul_precision() == before, "a test left torch's matmul precision changed"
+
+
 @pytest.fixture
 def tmp_mlflow(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -84,6 +84,26 @@ def test_a_signal_stops_after_the_round_in_progress_and_resume_is_exact(tmp_path
     assert strip(resumed.history) == strip(full.history)
 
 
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_a_run_trains_at_its_matmul_precision_and_puts_back_the_one_before(precision):
+    """``matmul_precision`` holds while the rounds train, from the first round to the final
+    evaluation, and the process gets its own precision back (the default is full float32)."""
+    import lightning as L
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(torch.get_float32_matmul_precision())
+
+    raw = tiny_raw() if precision == "highest" else {**tiny_raw(), "matmul_precision": precision}
+    torch.set_float32_matmul_precision("medium")     # the caller's own, to be given back
+    try:
+        train(build_config(raw), progress=False, callbacks=[Look()])
+        assert seen == [precision] * 3 and torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
 def test_summary_rounds_to_target_and_eval_cadence():
     cfg = build_config(tiny_raw(rounds=5, eval={"every": 2, "target_accuracy": 0.05}))
     m = train(cfg, progress=False)

@@ -97,9 +97,23 @@ def test_resume_is_exact(tmp_path):
     assert resumed.members[-1].diverged
 
 
+def test_a_pack_trains_at_its_matmul_precision_and_puts_back_the_one_before():
+    import lightning as L
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(torch.get_float32_matmul_precision())
+
+    cfgs = [build_config({**tiny_raw(rounds=2), "matmul_precision": "high"}, [f"seed={s}"]) for s in (3, 4)]
+    train_packed(cfgs, callbacks=[Look()])
+    assert seen == ["high"] * 2 and torch.get_float32_matmul_precision() == "highest"
+
+
 def test_configs_that_cannot_share_a_pack_are_refused():
     a, b = build_config(tiny_raw()), build_config(tiny_raw(model={"name": "mlp", "hidden": 32}))
     assert pack_key(a) != pack_key(b)
     assert pack_key(a) == pack_key(build_config(tiny_raw(seed=9, data={"name": "digits", "num_clients": 5})))
+    assert pack_key(a) != pack_key(build_config({**tiny_raw(), "matmul_precision": "high"}))
     with pytest.raises(ConfigError, match="pack: configs in one pack must share model"):
         PackedModule([a, b])
