@@ -36,10 +36,11 @@ def synthetic(shape: tuple[int, ...], num_clients: int, per_client: int = 30, se
     return FederatedData("bench", x, y, x[:200], y[:200], idx, 10, shape)
 
 
-def configs(model: str, pack: int, rounds: int, device: str, engine: str):
+def configs(model: str, pack: int, rounds: int, device: str, engine: str, matmul_precision: str = "highest"):
     from fedsweep.config import build_config
     return [build_config({
-        "seed": s, "rounds": rounds, "engine": engine, "device": device, "clients_per_round": 10,
+        "seed": s, "rounds": rounds, "engine": engine, "device": device, "matmul_precision": matmul_precision,
+        "clients_per_round": 10,
         "data": {"num_clients": 100}, "model": {"name": model},
         "local": {"steps": 5, "batch_size": 10, "lr": 0.05},
         "heterogeneity": {"kind": "stragglers", "rho": 0.5},
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="auto", choices=["auto", "vectorized", "loop"])
     ap.add_argument("--arithmetic", action="store_true",
                     help="also time the MLP's bare local step at each pack size (what packing can gain at most)")
+    ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
+                    help="the configs' matmul_precision, and the arithmetic's (high: TF32 on NVIDIA tensor cores)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own; a sweep's worker runs 1)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -119,10 +122,10 @@ def main(argv=None) -> int:
           file=sys.stderr)
     for model in args.models:
         data = synthetic(shapes[model], 100)
-        warm = configs(model, 1, 2, args.device, args.engine)
+        warm = configs(model, 1, 2, args.device, args.engine, args.matmul_precision)
         train(warm[0], progress=False, data=data)
         for pack in args.packs:
-            cfgs = configs(model, pack, args.rounds, args.device, args.engine)
+            cfgs = configs(model, pack, args.rounds, args.device, args.engine, args.matmul_precision)
             t0 = time.perf_counter()
             train_packed(cfgs, data=[data] * pack)
             packed = time.perf_counter() - t0
@@ -138,9 +141,12 @@ def main(argv=None) -> int:
                   f"{row['ratio']:>7.2f}x", file=sys.stderr, flush=True)
     out = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
            "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-           "rounds": args.rounds, "engine": args.engine, "results": rows}
+           "rounds": args.rounds, "engine": args.engine, "matmul_precision": args.matmul_precision,
+           "results": rows}
     if args.arithmetic:
-        out["mlp_arithmetic"] = arithmetic(args.packs, args.device)
+        from fedsweep.run import matmul_precision
+        with matmul_precision(args.matmul_precision):
+            out["mlp_arithmetic"] = arithmetic(args.packs, args.device)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

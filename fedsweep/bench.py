@@ -65,7 +65,8 @@ class TorchLoop:
         return {"delta": torch.stack(deltas)}, torch.stack(losses)
 
 
-def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorithm: str = "fedavg") -> float:
+def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorithm: str = "fedavg",
+              matmul_precision: str = "highest") -> float:
     from fedsweep.run import train
     N = max(K, 100)
     baseline = engine == "torch_loop"
@@ -75,6 +76,7 @@ def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorit
         "local": {"steps": 5, "batch_size": 10, "lr": 0.05},
         "heterogeneity": {"kind": "stragglers", "rho": 0.5},
         "algorithm": {"name": algorithm}, "eval": {"every": 10_000}, "mlflow": {"enabled": False},
+        "matmul_precision": matmul_precision,
     })
     callbacks = [_SwapEngine()] if baseline else []
     module = train(cfg, progress=False, data=synthetic_digits(N), callbacks=callbacks)
@@ -109,9 +111,9 @@ def main(args) -> int:
           f"{'vs loop':>9}{'vs torch-loop':>15}{'auto picks':>12}", file=sys.stderr)
     for model in args.models:
         for K in args.clients:
-            torch_loop = time_case(model, K, "torch_loop", args.rounds, device)
-            loop = time_case(model, K, "loop", args.rounds, device)
-            vect = time_case(model, K, "vectorized", args.rounds, device)
+            torch_loop, loop, vect = (time_case(model, K, engine, args.rounds, device,
+                                                matmul_precision=args.matmul_precision)
+                                      for engine in ("torch_loop", "loop", "vectorized"))
             auto = _auto_choice(model, device)
             faster = "loop" if loop < vect else "vectorized"
             row = {"model": model, "clients_per_round": K, "auto_picks": auto, "faster_here": faster,
@@ -124,7 +126,7 @@ def main(args) -> int:
                   f"{1 / vect:>10.1f}{loop / vect:>8.1f}x{torch_loop / vect:>14.1f}x{auto:>12}"
                   f"{'' if auto == faster else ' (slower one!)'}", file=sys.stderr, flush=True)
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "machine": platform.machine(), "local_steps": 5, "batch_size": 10, "rounds_timed": args.rounds,
+              "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5, "batch_size": 10, "rounds_timed": args.rounds,
               "data": "synthetic 1x8x8, 10 classes, 30 samples/client", "results": results}
     text = json.dumps(report, indent=2)
     if args.json:

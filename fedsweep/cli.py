@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "lenet5"])
     b.add_argument("--rounds", type=int, default=5, help="timed rounds per case (after one warm-up)")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    b.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
+                   help="the runs' matmul_precision (docs/config.md); high: TF32 on NVIDIA tensor cores")
 
     sub.add_parser("algorithms", help="list the algorithms and their parameters")
     sub.add_parser("datasets", help="list the datasets and where their data comes from")

@@ -18,7 +18,7 @@ def test_pack_benchmark(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--packs", "1", "2", "--rounds", "2",
                     "--arithmetic", "--threads", "1", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())
-    assert result["threads"] == 1
+    assert result["threads"] == 1 and result["matmul_precision"] == "highest"
     rows = result["results"]
     assert [(r["model"], r["pack"]) for r in rows] == [("mlp", 1), ("mlp", 2)]
     assert all(r["packed_s"] > 0 and r["one_by_one_s"] > 0 and r["ratio"] > 0 for r in rows)

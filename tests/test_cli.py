@@ -114,8 +114,11 @@ def test_config_command_prints_resolved_defaults(tmp_path, capsys):
 
 def test_bench_json(tmp_path):
     out = tmp_path / "bench.json"
-    assert main(["bench", "--clients", "2", "--models", "mlp", "--rounds", "1", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["results"]
+    assert main(["bench", "--clients", "2", "--models", "mlp", "--rounds", "1", "--matmul-precision", "high",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["matmul_precision"] == "high"
+    (row,) = report["results"]
     assert row["clients_per_round"] == 2 and row["speedup"] > 0
     assert row["auto_picks"] == "vectorized" and row["faster_here"] in ("loop", "vectorized")
 
