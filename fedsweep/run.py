@@ -330,8 +330,9 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
             from fedsweep.engine import choose_engine
             engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
             how = " (auto)" if cfg.engine == "auto" else ""
+            lower = "" if cfg.matmul_precision == "highest" else f", matmul_precision {cfg.matmul_precision}"
             print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
-                  f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}", file=sys.stderr, flush=True)
+                  f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}{lower}", file=sys.stderr, flush=True)
             if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
                 print("note: on CPU the loop engine runs conv models faster than the vectorized one "
                       "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)

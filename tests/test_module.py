@@ -85,9 +85,9 @@ def test_a_signal_stops_after_the_round_in_progress_and_resume_is_exact(tmp_path
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-def test_a_run_trains_at_its_matmul_precision_and_puts_back_the_one_before(precision):
-    """``matmul_precision`` holds while the rounds train, from the first round to the final
-    evaluation, and the process gets its own precision back (the default is full float32)."""
+def test_a_run_trains_at_its_matmul_precision_and_puts_back_the_one_before(precision, capsys):
+    """``matmul_precision`` holds while the rounds train, and the process gets its own precision back
+    (the default is full float32); the run's header names a precision other than the default."""
     import lightning as L
     seen = []
 
@@ -98,8 +98,10 @@ def test_a_run_trains_at_its_matmul_precision_and_puts_back_the_one_before(preci
     raw = tiny_raw() if precision == "highest" else {**tiny_raw(), "matmul_precision": precision}
     torch.set_float32_matmul_precision("medium")     # the caller's own, to be given back
     try:
-        train(build_config(raw), progress=False, callbacks=[Look()])
+        train(build_config(raw), progress=True, callbacks=[Look()])
         assert seen == [precision] * 3 and torch.get_float32_matmul_precision() == "medium"
+        header = capsys.readouterr().err.splitlines()[0]
+        assert header.endswith("on cpu" if precision == "highest" else "on cpu, matmul_precision high"), header
     finally:
         torch.set_float32_matmul_precision("highest")
 
