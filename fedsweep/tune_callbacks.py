@@ -94,22 +94,29 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.client.update_run(run_id, status="RUNNING")
                 history = self.client.get_metric_history(run_id, "train/loss")
                 self.logged[key] = max((m.step for m in history), default=0)
+                self._log_params(run_id, index, have=found[0].data.params)
             else:
                 info = self.payloads[index]
-                cfg = RunConfig(**info["run"])
                 run_id = self.client.create_run(self.experiment_id, run_name=info["label"], tags={
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
                     "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
                        else {})}).info.run_id
-                from mlflow.entities import Param
-                params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items()]
-                for i in range(0, len(params), 100):
-                    self.client.log_batch(run_id, params=params[i:i + 100])
+                self._log_params(run_id, index)
                 self.logged[key] = 0
             self.runs[key] = run_id
             return run_id
+
+        def _log_params(self, run_id: str, index: int, have: dict | None = None):
+            """The sweep trial's config as the run's params, those not in ``have``: a driver killed
+            between creating a run and logging them (or between two batches of them) left a run
+            without its learning rate or seed, which the resumed sweep fills in."""
+            from mlflow.entities import Param
+            cfg = RunConfig(**self.payloads[index]["run"])
+            params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items() if k not in (have or {})]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(run_id, params=params[i:i + 100])
 
         def on_trial_start(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
