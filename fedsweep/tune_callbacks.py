@@ -16,6 +16,7 @@ import math
 import sys
 import tempfile
 import time
+from itertools import groupby
 from pathlib import Path
 
 from fedsweep.config import RunConfig
@@ -31,6 +32,25 @@ FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
 # costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
 # pack of 36 configs written every 2 s kept it busy half the time while the workers waited.
 FLUSH_SECONDS = 10.0
+
+
+def metric_batches(rows: list, last: list, limit: int = 1000) -> list[list]:
+    """The ``log_batch`` calls of a flush: MLflow takes ``limit`` metrics a call; each call holds
+    whole rounds (``rows``: metric records in round order), and ``last`` (the summary, sent with the
+    status tags) goes in the last call. A driver killed between two calls then leaves no round half
+    written and no run marked done with rounds missing: the resumed sweep goes on after the last
+    round whose ``train/loss`` is in MLflow, and a run's status says done only when all of it is."""
+    calls, part = [], []
+    for _, round_ in groupby(rows, key=lambda m: m.step):   # a round's ~10 metrics: always below limit
+        round_ = list(round_)
+        if part and len(part) + len(round_) > limit:
+            calls.append(part)
+            part = []
+        part.extend(round_)
+    if part and len(part) + len(last) > limit:
+        calls.append(part)
+        part = []
+    return [*calls, [*part, *last]]
 
 
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str,
@@ -87,8 +107,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 status = found[0].data.tags.get("fedsweep.status")
                 if status in ("finished", "diverged", "stopped"):
                     # Done before an interruption that Tune's last snapshot did not see: Tune
-                    # replays the trial from its final checkpoint; its run must stay as it is.
+                    # replays the trial from its final checkpoint; its run must stay as it is,
+                    # but ended (the driver may have been killed between its last write and that).
                     self.closed.add(key)
+                    if found[0].info.status == "RUNNING":
+                        self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
                 elif status in ("failed", "interrupted"):   # `--resume` retries them: reopen the run
                     self.client.set_tag(run_id, "fedsweep.status", "running")
                     self.client.update_run(run_id, status="RUNNING")
@@ -154,14 +177,14 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             for k in [key] if key is not None else list({*self.pending, *self.engine_param}):
                 rows = self.pending.pop(k, [])
                 self.flushed[k] = time.time()
-                batch = [*(metrics_of(rows, int(time.time() * 1000)) if rows else []), *metrics]
                 params = [Param("engine_used", self.engine_param.pop(k))] if k in self.engine_param else []
                 tag_list = [RunTag(n, v) for n, v in (tags or {}).items()]
-                for i in range(0, max(len(batch), 1), 1000):   # MLflow takes 1000 metrics a call
-                    part = batch[i:i + 1000]
-                    if part or params or tag_list:
-                        self.client.log_batch(self.runs[k], metrics=part, params=params, tags=tag_list)
-                    params, tag_list = [], []
+                calls = metric_batches(metrics_of(rows, int(time.time() * 1000)) if rows else [], list(metrics))
+                for i, part in enumerate(calls):
+                    last = i == len(calls) - 1
+                    if part or (last and (params or tag_list)):
+                        self.client.log_batch(self.runs[k], metrics=part, params=params if last else [],
+                                              tags=tag_list if last else [])
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:

@@ -251,10 +251,11 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys
         assert steps == list(range(1, 31)), f"each round logged exactly once: {steps}"
 
 
-def test_a_resumed_sweep_logs_the_params_a_killed_driver_left_out(tmp_path):
+def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_path):
     """The driver creates a trial's run, then logs its params: `kill -9` between the two left a run
     without them (seen once in ten runs of the test above, as a KeyError on `seed`). Tune's restored
-    MLflow writer, finding that run, logs what it lacks and keeps what it has."""
+    MLflow writer, finding that run, logs what it lacks and keeps what it has; and it ends a run
+    whose last write went through but whose end did not."""
     import sqlite3
 
     from mlflow import MlflowClient
@@ -284,6 +285,36 @@ def test_a_resumed_sweep_logs_the_params_a_killed_driver_left_out(tmp_path):
     assert client.get_run(run_id).data.params == {"seed": expected["seed"]}
     restored.on_trial_start(0, [trial], trial)
     assert restored.runs[("t1", 1)] == run_id and client.get_run(run_id).data.params == expected
+
+    # Killed after the run's last write (its status tag says finished) and before ending it: the
+    # restored writer ends it, and leaves it closed (Tune replays the trial; nothing is rewritten).
+    client.set_tag(run_id, "fedsweep.status", "finished")
+    assert client.get_run(run_id).info.status == "RUNNING"
+    again = cloudpickle.loads(cloudpickle.dumps(writer))
+    again.on_trial_start(0, [trial], trial)
+    assert client.get_run(run_id).info.status == "FINISHED" and ("t1", 1) in again.closed
+
+
+def test_metric_batches_keep_rounds_whole_and_the_summary_last():
+    """A flush's log_batch calls: at most 1000 metrics each (MLflow's limit), no round split over two
+    calls, the summary (sent with the status tags) in the last."""
+    from mlflow.entities import Metric
+
+    from fedsweep.tracking import metrics_of
+    from fedsweep.tune_callbacks import metric_batches
+    rows = metrics_of([{"round": r, "train/loss": 1.0, "test/accuracy": 0.5, "round/seconds": 0.1}
+                       for r in range(1, 401)], 0)                       # 3 a round, 1200 in all
+    summary = [Metric(f"summary/{i}", 1.0, 0, 0) for i in range(5)]
+    calls = metric_batches(rows, summary)
+    assert [len(c) for c in calls] == [999, 206] and calls[-1][-5:] == summary
+    where = {}
+    for i, call in enumerate(calls):
+        for m in call[:len(call) - (5 if i == len(calls) - 1 else 0)]:
+            where.setdefault(m.step, set()).add(i)
+    assert sorted(where) == list(range(1, 401)) and all(len(v) == 1 for v in where.values())
+    assert [len(c) for c in metric_batches(rows[:999], summary)] == [999, 5]   # the summary alone
+    assert [len(c) for c in metric_batches(rows[:990], summary)] == [995]
+    assert metric_batches([], []) == [[]]                                       # tags only
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "kill"])
