@@ -103,6 +103,12 @@ def check_cluster(address: str) -> str:
     return mode
 
 
+def _not_the_incomplete_trials(record) -> bool:
+    """Drops Tune's closing error line "Trials did not complete: [run_unit_7216d_00002, ...]": fedsweep
+    has printed each failed trial by its label, with its error, and the sweep's counts."""
+    return not str(record.msg).startswith("Trials did not complete")
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None, mode: str | None = None):
     """``ray.init`` (a new local instance, or ``address``), ``ray.shutdown`` on the way out; yields
@@ -123,6 +129,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     import ray
     for name in ("ray", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(_not_the_incomplete_trials)
     _refresh_ray_auth()
     try:
         if address:
@@ -140,6 +148,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         if not address:
             _stop_monitor()
         ray.shutdown()
+        tune_log.removeFilter(_not_the_incomplete_trials)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -414,6 +414,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     assert f"failed (2 trials): {error}" in printed.out
     assert printed.err.count("[failed] fedavg data.num_clients=5000") == 2 and "/error.txt)" in printed.err
     assert printed.err.count("[retrying] fedavg data.num_clients=5000") == 2           # max_failures: 1
+    assert "Trials did not complete" not in printed.err                  # Tune's list of trial ids
     assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| best .* \| \d+ s$", printed.err, re.M)
     assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
