@@ -15,7 +15,10 @@ Measured, in this order, each on the same machine with nothing else running:
 4. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
    fixed start-up (command start -> first trial's MLflow run created), per-trial overhead
    ((wall − start-up) × concurrency / trials − mean in-process trial time), and its seconds over
-   step 3's wall;
+   step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/trainable.py):
+   when its first trial started, and the seconds its trials spent training (the first one's
+   Lightning import included), rendering artifacts, in their final report (a checkpoint, then
+   Tune's synchronous report: the wait for the driver) and between trials (Tune's gap);
 5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4.
 
 Steps 2–5 run ``--repeat`` times, in turn (2, 3, 4, 5, 2, 3, ...), and the medians are reported
@@ -129,7 +132,9 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
     path = work / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
     uri = f"sqlite:///{work / (spec['name'] + '.db')}"
-    env = {**code_env(code), "MLFLOW_TRACKING_URI": uri}
+    timeline = work / f"{spec['name']}-timeline"
+    timeline.mkdir()
+    env = {**code_env(code), "MLFLOW_TRACKING_URI": uri, "FEDSWEEP_TIMELINE": str(timeline)}
     start_ms = time.time() * 1000
     wall, err = timed_process([sys.executable, "-m", "fedsweep.cli", "tune", str(path),
                                "--storage", str(work / "runs")], env=env, cwd=str(work))
@@ -140,7 +145,24 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
     statuses = sorted({r.data.tags.get("fedsweep.status") for r in runs})
     first = min(r.info.start_time for r in runs)
     return {"wall_s": wall, "startup_s": (first - start_ms) / 1000, "trials": len(runs), "statuses": statuses,
-            "trials_per_min": 60 * len(runs) / wall}
+            "trials_per_min": 60 * len(runs) / wall, "workers": worker_timelines(timeline, start_ms / 1000)}
+
+
+def worker_timelines(folder: Path, start: float) -> list[dict]:
+    """Each worker's phases (fedsweep/trainable.py ``_phase_marks``) summed over its trials. A baseline
+    checkout older than the marks leaves none."""
+    workers = []
+    for path in sorted(folder.glob("*.txt")):
+        marks = [(float(t), phase) for t, phase in (line.split() for line in path.read_text().splitlines())]
+        spent = {"training_s": 0.0, "artifacts_s": 0.0, "final_report_s": 0.0, "between_trials_s": 0.0}
+        into = {"trained": "training_s", "artifacts": "artifacts_s", "reported": "final_report_s",
+                "start": "between_trials_s"}
+        for (t0, before), (t1, phase) in zip(marks, marks[1:]):
+            if phase != "start" or before == "reported":   # a retried trial's crash: no gap to count
+                spent[into[phase]] += t1 - t0
+        workers.append({"units": sum(p == "start" for _, p in marks), "first_start_s": marks[0][0] - start,
+                        "last_end_s": marks[-1][0] - start, **spent})
+    return workers
 
 
 # The number each step is judged by.
@@ -181,6 +203,10 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
               + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else "")
               + (f", {r['over_parallel_s']:.1f} s over the trials run {concurrency} at once" if "over_parallel_s" in r
                  else ""), flush=True)
+        for w in r.get("workers", []):
+            print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to {w['last_end_s']:.1f} s: "
+                  f"training {w['training_s']:.2f} s, artifacts {w['artifacts_s']:.2f} s, final reports "
+                  f"{w['final_report_s']:.2f} s, between trials {w['between_trials_s']:.2f} s", flush=True)
     res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
     print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
 

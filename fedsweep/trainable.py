@@ -10,6 +10,7 @@ per sweep trial of the unit, the metric rows since the last report; only the dri
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -26,6 +27,21 @@ def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
     them (curves.png) is ~0.2 s a trial, done in parallel here rather than one after another in the
     driver."""
     return Path(ckpt_dir).parent / "trial_artifacts" / trial_id / str(index)
+
+
+def _phase_marks():
+    """When ``FEDSWEEP_TIMELINE`` names a folder (``benchmarks/sweep.py`` sets it), a trial appends
+    the time each of its phases ends (``start``, ``trained``, ``artifacts``, ``reported``) to
+    ``<folder>/<worker pid>.txt``: where a worker's time goes, trial after trial. Otherwise nothing."""
+    folder = os.environ.get("FEDSWEEP_TIMELINE")
+    if not folder:
+        return lambda phase: None
+    path = Path(folder) / f"{os.getpid()}.txt"
+
+    def mark(phase: str):
+        with path.open("a") as f:
+            f.write(f"{time.time():.4f} {phase}\n")
+    return mark
 
 
 def _members(module) -> list:
@@ -130,6 +146,8 @@ def final_part(summary: dict, rounds: int) -> dict:
 def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
     """The Ray Tune function trainable: a unit of the sweep (``units[config["trial"]]``: one federated
     run, or a pack of them trained together), resumed from its checkpoint if any."""
+    mark = _phase_marks()
+    mark("start")
     from ray import tune
 
     from fedsweep.run import summarize, train, write_artifacts
@@ -150,9 +168,12 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
             reporter.report_failed_only()
             return
         module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
+    mark("trained")
     final = []
     for index, cfg, m in zip(trials, cfgs, _members(module)):
         summary = summarize(cfg, m.history, m.diverged)
         write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
         final.append(final_part(summary, len(m.history)))
+    mark("artifacts")
     reporter.report(module.trainer, module, checkpoint=True, final=final)
+    mark("reported")

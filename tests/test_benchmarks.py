@@ -44,6 +44,13 @@ def test_sweep_benchmark(tmp_path):
         assert got[run]["trials"] == 2 and got[run]["statuses"] == ["finished"]
         assert 0 < got[run]["startup_s"] < got[run]["wall_s"]
         assert got[run]["over_parallel_s"] == pytest.approx(got[run]["wall_s"] - got["in_parallel"]["wall_s"])
+        workers = got[run]["workers"]                        # each Ray worker's trials, phase by phase
+        assert sum(w["units"] for w in workers) == (2 if run == "unpacked" else 1)
+        for w in workers:
+            assert 0 < w["first_start_s"] < w["last_end_s"] < got[run]["wall_s"]
+            assert w["training_s"] > 0 and w["artifacts_s"] > 0 and w["final_report_s"] > 0
+            assert w["training_s"] + w["artifacts_s"] + w["final_report_s"] + w["between_trials_s"] <= \
+                w["last_end_s"] - w["first_start_s"] + 1e-3
     assert got["import_lightning_s"] > 0 and got["fedsweep_run_1_round_no_mlflow_s"] > 0
 
 
