@@ -195,7 +195,9 @@ class _StopAfterRound:
 def matmul_precision(precision: str):
     """torch's float32 matmul precision (``RunConfig.matmul_precision``) for the block, then the one
     before: it is process-wide, and what else runs in the process (the next pack in a Ray worker, a
-    test) must not inherit it. On Intel CPUs with AMX, ``high`` changes the CPU's numbers too."""
+    test) must not inherit it. PyTorch passes it on to oneDNN's CPU products too
+    (``torch.backends.mkldnn.matmul.fp32_precision``): on CPUs with reduced-precision units, ``high``
+    changes the CPU's numbers as well."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
