@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-# A trial's fedsweep.status values (fedsweep.tune.MLFLOW_STATUS), in the end-of-sweep line.
+# A trial's fedsweep.status values (fedsweep.tracking.MLFLOW_STATUS), in the end-of-sweep line.
 STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "interrupted", "running")
 
 

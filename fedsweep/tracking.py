@@ -16,6 +16,11 @@ from pathlib import Path
 from fedsweep.config import ConfigError, RunConfig
 
 DEFAULT_DB = "mlflow.db"
+# A run's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged run ran to its
+# end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
+# interrupted one (Ctrl-C) is KILLED (a sweep's `--resume` reopens it).
+MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
+                 "interrupted": "KILLED"}
 _MLFLOW_TABLES = {"alembic_version", "experiments"}   # an MLflow store has both, from its first migration
 
 
@@ -240,7 +245,7 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     """Write one finished run to MLflow; returns its run id."""
     import time
 
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import RunTag
 
     uri = resolve_tracking_uri(uri or cfg.mlflow.tracking_uri)
     client, exp_id = open_experiment(uri, cfg.mlflow.experiment)
@@ -248,16 +253,20 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
     rid = run.info.run_id
     now = int(time.time() * 1000)
-    params = [Param(k, str(v)[:6000]) for k, v in {**cfg.flat(), **(params or {})}.items()]
-    for i in range(0, len(params), 100):
-        client.log_batch(rid, params=params[i:i + 100])
+    log_params(client, rid, {**cfg.flat(), **(params or {})})
     metrics = metrics_of(history, now) + summary_metrics(summary, now)
     for i in range(0, len(metrics), 1000):
         client.log_batch(rid, metrics=metrics[i:i + 1000])
     client.log_batch(rid, tags=[RunTag("fedsweep.algorithm", cfg.algorithm.name)])
     client.log_artifacts(rid, str(artifacts_dir))
-    # A diverged run is FAILED, so the MLflow UI's status column tells it from a usable one; one
-    # stopped by Ctrl-C is KILLED.
-    status = summary.get("status", "finished")
-    client.set_terminated(rid, status={"finished": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
+    client.set_terminated(rid, status=MLFLOW_STATUS.get(summary.get("status", "finished"), "FAILED"))
     return rid
+
+
+def log_params(client, run_id: str, params: dict) -> None:
+    """``params`` as the run's MLflow params: values cut at MLflow's 6000 characters, 100 a call
+    (MLflow's limit)."""
+    from mlflow.entities import Param
+    batch = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(batch), 100):
+        client.log_batch(run_id, params=batch[i:i + 100])

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from fedsweep.config import ConfigError, flatten
 from fedsweep.sweep import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
+from fedsweep.tracking import MLFLOW_STATUS
 from fedsweep.trainable import run_unit
-from fedsweep.tune_callbacks import FINAL_STATUSES, MLFLOW_STATUS, make_mlflow_callback, make_progress_callback
+from fedsweep.tune_callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
 
 STATE_FILE = "fedsweep_sweep.json"
 # The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices

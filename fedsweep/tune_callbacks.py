@@ -20,13 +20,9 @@ from itertools import groupby
 from pathlib import Path
 
 from fedsweep.config import RunConfig
+from fedsweep.tracking import MLFLOW_STATUS
 from fedsweep.trainable import trial_artifacts, trial_checkpoint
 
-# A trial's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged trial ran to
-# its end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
-# interrupted one (Ctrl-C) is KILLED until `--resume` reopens it.
-MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
-                 "interrupted": "KILLED"}
 FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
 # Metric rows reach MLflow at most this often per run (and all of them when the trial ends): a write
 # costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
@@ -135,11 +131,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             """The sweep trial's config as the run's params, those not in ``have``: a driver killed
             between creating a run and logging them (or between two batches of them) left a run
             without its learning rate or seed, which the resumed sweep fills in."""
-            from mlflow.entities import Param
-            cfg = RunConfig(**self.payloads[index]["run"])
-            params = [Param(k, str(v)[:6000]) for k, v in cfg.flat().items() if k not in (have or {})]
-            for i in range(0, len(params), 100):
-                self.client.log_batch(run_id, params=params[i:i + 100])
+            from fedsweep.tracking import log_params
+            flat = RunConfig(**self.payloads[index]["run"]).flat()
+            log_params(self.client, run_id, {k: v for k, v in flat.items() if k not in (have or {})})
 
         def on_trial_start(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
@@ -179,7 +173,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self.flushed[k] = time.time()
                 params = [Param("engine_used", self.engine_param.pop(k))] if k in self.engine_param else []
                 tag_list = [RunTag(n, v) for n, v in (tags or {}).items()]
-                calls = metric_batches(metrics_of(rows, int(time.time() * 1000)) if rows else [], list(metrics))
+                calls = metric_batches(metrics_of(rows, int(time.time() * 1000)), list(metrics))
                 for i, part in enumerate(calls):
                     last = i == len(calls) - 1
                     if part or (last and (params or tag_list)):
