@@ -165,7 +165,11 @@ def entry() -> None:
     """The ``fedsweep`` command. A sweep's driver ends with ``os._exit`` once its exit handlers have
     run: by then every MLflow run is closed, Ray is shut down and the lock is released, and what is
     left is the interpreter tearing down the modules of Ray, MLflow and torch, 1.7 s measured on
-    2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process)."""
+    2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process).
+    The commands that train start up without the cyclic garbage collector (fedsweep/startup.py)."""
+    if len(sys.argv) > 1 and sys.argv[1] in ("run", "tune"):
+        from fedsweep.startup import pause_collector
+        pause_collector()
     code = main()
     if len(sys.argv) > 1 and sys.argv[1] == "tune":
         import atexit

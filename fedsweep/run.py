@@ -319,7 +319,9 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
     from fedsweep.allocator import keep_freed_memory
     from fedsweep.module import FederatedModule
+    from fedsweep.startup import end_startup
     quiet_logs()
+    end_startup()   # `fedsweep run`: its imports are done (Lightning's in quiet_logs)
     keep_freed_memory()
     accelerator = resolve_device(cfg.device)
     if resume is not None and not Path(resume).is_file():

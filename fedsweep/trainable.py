@@ -148,9 +148,12 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     run, or a pack of them trained together), resumed from its checkpoint if any."""
     mark = _phase_marks()
     mark("start")
-    from ray import tune
+    from fedsweep.startup import startup_imports
+    with startup_imports():   # a worker's first trial: its imports without the collector's passes
+        import lightning  # noqa: F401
+        from ray import tune
 
-    from fedsweep.run import summarize, train, write_artifacts
+        from fedsweep.run import summarize, train, write_artifacts
     trials = units[config["trial"]]
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
     trial_id = tune.get_context().get_trial_id()

@@ -204,6 +204,8 @@ def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> 
     total = len(payloads)
     packs = f" in {len(units)} packs" if len(units) < total else ""
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
+    from fedsweep.startup import end_startup
+    end_startup()   # the driver's imports (torch, Ray, MLflow) are done
     tuner.fit()
     interrupted = _close_interrupted(client, exp_id, parent_id)
     counts = _outcomes(client, exp_id, parent_id)
