@@ -252,14 +252,13 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
                    path: Path) -> str:
-    from mlflow.entities import Param
+    from fedsweep.tracking import log_params
     run = client.create_run(exp_id, run_name=sweep.name, tags={"fedsweep.role": "sweep",
                                                                "fedsweep.sweep": sweep.name})
-    params = [Param("sweep.trials", str(len(trials))), Param("sweep.seeds", str(sweep.seeds)),
-              Param("sweep.methods", ",".join(sorted({t.method for t in trials}))),
-              Param("sweep.pack", str(sweep.pack)), Param("sweep.units", str(len(units))),
-              *[Param(f"sweep.grid.{k}", str(v)[:6000]) for k, v in sweep.grid.items()]]
-    client.log_batch(run.info.run_id, params=params[:100])
+    log_params(client, run.info.run_id, {
+        "sweep.trials": len(trials), "sweep.seeds": sweep.seeds,
+        "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,
+        "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()}})
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))

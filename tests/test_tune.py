@@ -70,6 +70,9 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     assert len(runs) == 8
     (parent,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
     assert client.get_run(parent).data.tags["fedsweep.role"] == "sweep"
+    assert client.get_run(parent).data.params == {
+        "sweep.trials": "8", "sweep.seeds": "[0, 1]", "sweep.methods": "fedavg,fedlga", "sweep.pack": "None",
+        "sweep.units": "8", "sweep.grid.local.lr": "[0.1, 1e+30]"}
     status = {(r.data.tags["fedsweep.method"], r.data.params["local.lr"], r.data.params["seed"]):
               r.data.tags["fedsweep.status"] for r in runs}
     assert status == {(m, lr, seed): "finished" if lr == "0.1" else "diverged"
