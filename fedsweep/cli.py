@@ -166,8 +166,11 @@ def entry() -> None:
     run: by then every MLflow run is closed, Ray is shut down and the lock is released, and what is
     left is the interpreter tearing down the modules of Ray, MLflow and torch, 1.7 s measured on
     2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process).
-    The commands that train start up without the cyclic garbage collector (fedsweep/startup.py)."""
-    if len(sys.argv) > 1 and sys.argv[1] in ("run", "tune"):
+    Every command but ``bench`` starts up without the cyclic garbage collector (fedsweep/startup.py):
+    ``run``, ``tune`` and ``report`` turn it back on once their imports are done; ``config``,
+    ``algorithms`` and ``datasets`` end right after theirs. ``bench`` times training as a sweep's
+    workers run it, collector on."""
+    if len(sys.argv) > 1 and sys.argv[1] != "bench":
         from fedsweep.startup import pause_collector
         pause_collector()
     code = main()

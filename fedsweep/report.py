@@ -603,6 +603,9 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target."""
     from mlflow import MlflowClient
 
+    from fedsweep.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
+    from fedsweep.startup import end_startup
+    end_startup()   # `fedsweep report`: its imports are done
     trials = load_trials(tracking_uri, experiment, sweep)
     if not trials["status"].isin(SCORED).any():
         counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())

@@ -6,9 +6,9 @@ they are made, the collector's full pass runs again and again over all of them: 
 205 ms in a Ray worker's first trial (``gc.callbacks``), and ``import lightning, ray.tune,
 fedsweep.run`` takes 3.4 s with the collector on, 2.5 s with it off (2 CPU cores; benchmarks/README.md).
 
-So the entry points of the processes that train, the ``fedsweep run`` and ``fedsweep tune`` commands
-and a sweep's Ray worker, call :func:`pause_collector` first, and :func:`end_startup` once the heavy
-imports are done: it moves every object alive then into the permanent generation (``gc.freeze``),
+So the entry points, every ``fedsweep`` command but ``bench`` and a sweep's Ray worker, call
+:func:`pause_collector` first, and :func:`end_startup` once the heavy imports are done (``config``,
+``algorithms`` and ``datasets`` end right after theirs and never need to): it moves every object alive then into the permanent generation (``gc.freeze``),
 which the collector never walks again, and turns the collector back on for what training makes.
 Objects are still freed by reference counting as before; only cycles made during start-up itself
 (a few dozen objects, as the passes above found) stay.
