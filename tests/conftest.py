@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,3 +107,29 @@ def fresh_home(tmp_path_factory, monkeypatch):
     for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+def _idx(path, arr: np.ndarray):
+    """Write an idx-ubyte file: magic 0x00000800 | ndim (uint8 data), big-endian dims, raw bytes."""
+    with open(path, "wb") as f:
+        f.write(struct.pack(">I", 0x0800 | arr.ndim))
+        f.write(struct.pack(f">{arr.ndim}I", *arr.shape))
+        f.write(arr.astype(np.uint8).tobytes())
+
+
+def write_mnist(root, cls_name="MNIST", n_train=24, n_test=8):
+    """Tiny MNIST-family files in torchvision's on-disk format (``root/<cls_name>/raw``, idx-ubyte);
+    returns the arrays written, per split."""
+    rng = np.random.default_rng(0)
+    raw = root / cls_name / "raw"
+    raw.mkdir(parents=True)
+    out = {}
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        x[0] = 0
+        x[1] = 255
+        y = np.arange(n) % 10
+        _idx(raw / f"{split}-images-idx3-ubyte", x)
+        _idx(raw / f"{split}-labels-idx1-ubyte", y)
+        out[split] = (x, y)
+    return out

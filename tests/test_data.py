@@ -9,7 +9,6 @@ attributes with the md5 of the files it wrote.
 """
 import hashlib
 import pickle
-import struct
 
 import numpy as np
 import pytest
@@ -17,7 +16,8 @@ import torch
 
 from fedsweep.config import ConfigError, DataConfig, PartitionConfig, SyntheticConfig
 from fedsweep.data import FederatedData, load_federated
-from fedsweep.data.sources import TORCHVISION, check_files
+from fedsweep.data.sources import TORCHVISION, check_files, digits_arrays
+from conftest import write_mnist
 
 
 def assert_clients_partition(d: FederatedData):
@@ -117,34 +117,10 @@ def test_synthetic_beta_controls_input_heterogeneity():
 # torchvision, through tiny files in the real formats
 # ---------------------------------------------------------------------------------------------
 
-def _idx(path, arr: np.ndarray):
-    """Write an idx-ubyte file: magic 0x00000800 | ndim (uint8 data), big-endian dims, raw bytes."""
-    with open(path, "wb") as f:
-        f.write(struct.pack(">I", 0x0800 | arr.ndim))
-        f.write(struct.pack(f">{arr.ndim}I", *arr.shape))
-        f.write(arr.astype(np.uint8).tobytes())
-
-
-def _write_mnist(root, cls_name, n_train=24, n_test=8):
-    rng = np.random.default_rng(0)
-    raw = root / cls_name / "raw"
-    raw.mkdir(parents=True)
-    out = {}
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
-        x[0] = 0
-        x[1] = 255
-        y = np.arange(n) % 10
-        _idx(raw / f"{split}-images-idx3-ubyte", x)
-        _idx(raw / f"{split}-labels-idx1-ubyte", y)
-        out[split] = (x, y)
-    return out
-
-
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
 def test_mnist_family_from_idx_files(tmp_path, name):
     cls_name, (mean,), (std,), _ = TORCHVISION[name]
-    files = _write_mnist(tmp_path, cls_name)
+    files = write_mnist(tmp_path, cls_name)
     check_files(DataConfig(name=name, root=str(tmp_path)))          # what a sweep checks before Ray
     d = load_federated(DataConfig(name=name, root=str(tmp_path), num_clients=4), seed=0)
     x, y = files["train"]
@@ -262,3 +238,15 @@ def test_train_size_takes_a_seeded_subset_before_the_server_pool_and_partition()
     assert clients | set(hybrid.server_pool.tolist()) == set(used.tolist())                # the same subset
     with pytest.raises(ConfigError, match="data.train_size: 99999 exceeds"):
         load_federated(cfg.model_copy(update={"train_size": 99999}), seed=1)
+
+
+def test_digits_read_from_scikit_learns_file_are_its_load_digits(tmp_path):
+    """fedsweep reads the digits from the file scikit-learn ships them in, without importing it (a
+    sweep's driver checks its trials' data before Ray); the arrays are load_digits' own, and a
+    scikit-learn keeping the file elsewhere falls back to load_digits."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    for path in (None, str(tmp_path / "no-such-file.csv.gz")):
+        images, target = digits_arrays(path)
+        assert images.dtype == d.images.dtype and target.dtype == np.int64
+        assert np.array_equal(images, d.images) and np.array_equal(target, d.target)

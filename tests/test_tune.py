@@ -18,6 +18,7 @@ from mlflow.artifacts import download_artifacts
 from fedsweep.cli import main
 from fedsweep.locks import _processes, store_lock
 from fedsweep.sweep import expand, load_sweep
+from conftest import write_mnist
 
 pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
 
@@ -367,8 +368,9 @@ def _free_port() -> int:
 
 
 def test_what_a_trial_would_find_late_is_refused_before_ray(tmp_path, capsys, monkeypatch):
-    """A torchvision dataset's missing files and a `device: cuda` trial given no GPU would fail every
-    trial, after Ray started and after each retry: refused first, one line, nothing written."""
+    """A torchvision dataset's missing files, a `device: cuda` trial given no GPU and a split of the
+    data that cannot be made would fail every trial, after Ray started and after each retry: refused
+    first, one line, nothing written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "MNIST" / "raw").mkdir(parents=True)
     (tmp_path / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"")   # 1 of 4 files
@@ -376,7 +378,13 @@ def test_what_a_trial_would_find_late_is_refused_before_ray(tmp_path, capsys, mo
     cases = [({"grid": {"data.name": ["digits", "mnist"]}, "base": mnist},
               f"data.root: no usable MNIST files under {tmp_path / 'data'} (expected "),
              ({"base": {**TINY["base"], "device": "cuda"}}, "device: 'cuda' (trial fedavg local.lr=0.1 seed=0) "
-              "needs resources.gpu > 0")]
+              "needs resources.gpu > 0"),
+             # a split that cannot be made: every trial using it would fail once its data is made
+             ({"grid": {"data.partition.classes_per_client": [2, 12]}}, "late.yaml: data.partition.classes_per_client: "
+              "P=12 but the training set has 10 classes; allowed 1..10 (trial fedavg "
+              "data.partition.classes_per_client=12 seed=0)"),
+             ({"base": {**TINY["base"], "data": {"name": "synthetic", "num_clients": 8, "train_size": 10}}},
+              "data.train_size: 'synthetic' comes split over clients already; unset train_size")]
     for over, needle in cases:
         path = write_sweep(tmp_path / "late.yaml", "late", **over)
         assert main(["tune", path]) == 2
@@ -397,35 +405,37 @@ def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path, monkeypatch, capsys):
-    """A trial that crashes (here: more clients than the data has samples, found only once the data is
-    loaded inside the trial) is retried `max_failures` times, then marked failed with its error, and
-    the sweep goes on, then exits 4 naming the error; ASHA stops a trial that lags."""
+    """A trial that crashes (here: more clients than its MNIST files have samples, found only once the
+    data is loaded inside the trial: torchvision datasets are not made before Ray) is retried
+    `max_failures` times, then marked failed with its error, and the sweep goes on, then exits 4
+    naming the error; ASHA stops a trial that lags."""
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    write_mnist(tmp_path / "data", n_train=4)
     base = {**TINY["base"], "rounds": 8, "clients_per_round": 8, "eval": {"every": 2},
-            "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"}},
+            "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"}, "root": str(tmp_path / "data")},
             "model": {"name": "mlp", "hidden": 64}}
     path = write_sweep(tmp_path / "a.yaml", "a", base=base, methods={"fedavg": {}}, seeds=[0],
-                       grid={"data.num_clients": [8, 5000], "local.lr": [0.5, 1.0e-6]},
+                       grid={"data.name": ["digits", "mnist"], "local.lr": [0.5, 1.0e-6]},
                        max_concurrent=1, max_failures=1,
                        scheduler={"kind": "asha", "metric": "test/accuracy", "mode": "max",
                                   "grace_period": 2, "reduction_factor": 2})
     assert main(["tune", path]) == 4
     printed = capsys.readouterr()
-    error = "data.num_clients: N=5000 clients but only "
+    error = "data.num_clients: N=8 clients but only 4 training samples"
     assert f"failed (2 trials): {error}" in printed.out
-    assert printed.err.count("[failed] fedavg data.num_clients=5000") == 2 and "/error.txt)" in printed.err
-    assert printed.err.count("[retrying] fedavg data.num_clients=5000") == 2           # max_failures: 1
+    assert printed.err.count("[failed] fedavg data.name=mnist") == 2 and "/error.txt)" in printed.err
+    assert printed.err.count("[retrying] fedavg data.name=mnist") == 2           # max_failures: 1
     assert "Trials did not complete" not in printed.err                  # Tune's list of trial ids
     assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| best .* \| \d+ s$", printed.err, re.M)
     assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     _, runs = trial_runs(uri, "a")
-    status = {(r.data.params["data.num_clients"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"]
+    status = {(r.data.params["data.name"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"]
               for r in runs}
-    assert status == {("8", "0.5"): "finished", ("8", "1e-06"): "stopped",
-                      ("5000", "0.5"): "failed", ("5000", "1e-06"): "failed"}
+    assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
+                      ("mnist", "0.5"): "failed", ("mnist", "1e-06"): "failed"}
     for r in runs:
         if r.data.tags["fedsweep.status"] == "failed":
             assert r.info.status == "FAILED" and r.data.tags["fedsweep.error"].startswith(error)
@@ -439,10 +449,11 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
 def test_shipped_sweeps_validate(path):
     """Every sweep in sweeps/ expands into valid trials and has valid report keys (what tune checks first)."""
-    from fedsweep.sweep import check_report
+    from fedsweep.sweep import check_data, check_report
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
     check_report(sweep, trials, source=path)
+    check_data(trials, source=path)
     assert trials and len({t.config_id for t in trials}) * len(sweep.seeds or [0]) == len(trials)
 
 

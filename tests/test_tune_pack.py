@@ -8,6 +8,7 @@ import pytest
 from fedsweep.cli import main
 from fedsweep.run import train
 from fedsweep.sweep import expand, load_sweep, pack_units
+from conftest import write_mnist
 from test_tune import TINY, _statuses, _wait_for, ray_processes_of, start_sweep, trial_runs, write_sweep
 
 pytestmark = pytest.mark.usefixtures("fresh_home")
@@ -52,13 +53,16 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
 
 
 def test_a_member_whose_data_cannot_be_made_fails_alone(tmp_path, monkeypatch, capsys):
-    """More clients than the data has samples is found only when a member's data is made: that member
-    ends failed with the error, at once, and its pack mates train as if it were not there; a pack
-    whose members all fail ends at once too."""
+    """More clients than the data has samples is found only when a member's data is made (a torchvision
+    dataset's, here tiny MNIST files, is not made before Ray): that member ends failed with the error,
+    at once, and its pack mates train as if it were not there; a pack whose members all fail ends at
+    once too."""
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    path = write_sweep(tmp_path / "f.yaml", "f", methods={"fedavg": {}}, seeds=[0], pack=2,
+    write_mnist(tmp_path / "data", n_train=24)
+    base = {**TINY["base"], "data": {**TINY["base"]["data"], "name": "mnist", "root": str(tmp_path / "data")}}
+    path = write_sweep(tmp_path / "f.yaml", "f", methods={"fedavg": {}}, seeds=[0], pack=2, base=base,
                        grid={"data.num_clients": [8, 5000, 6000, 7000]})
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
