@@ -89,7 +89,10 @@ def storage_dir(sweep: SweepConfig, root: str | Path | None = None) -> Path:
 
 def _discard(exp_dir: Path, state_path: Path) -> None:
     """Delete a finished or restarted sweep's folder, and only a folder fedsweep made: its state
-    file must be inside. Anything else under that name is the user's, and is left alone."""
+    file must be inside. Anything else under that name is the user's, and is left alone. An empty
+    folder (a driver killed right after making it leaves one) holds nothing: the sweep uses it as it is."""
+    if exp_dir.is_dir() and not any(exp_dir.iterdir()):
+        return
     if not state_path.is_file():
         raise ConfigError(f"{exp_dir} exists and was not made by fedsweep (no {STATE_FILE} inside); it is left "
                           "as it is: give the sweep another `name`, or another --storage")
@@ -197,9 +200,11 @@ def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> 
         parent_id = _create_parent(client, exp_id, sweep, trials, units, path)
         exp_dir.mkdir(parents=True, exist_ok=True)
         payloads = [_trial_payload(t, sweep) for t in trials]
-        (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
+        # The state file first: from here on the folder is known as this sweep's (`--restart` may
+        # delete it), whatever a kill leaves of the rest.
         state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
                                           "experiment": experiment, "finished": False}))
+        (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
         tuner = _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id)
     total = len(payloads)
     packs = f" in {len(units)} packs" if len(units) < total else ""

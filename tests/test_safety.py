@@ -71,6 +71,29 @@ def test_a_folder_fedsweep_did_not_make_is_never_deleted(tmp_path, monkeypatch, 
     assert [p for p in after if not p[0].endswith(".lock")] == before     # the lock file is fedsweep's own
 
 
+def test_what_a_killed_driver_left_of_a_new_sweep_folder_is_its_own(tmp_path):
+    """A driver killed between making the sweep's folder and writing into it leaves it empty: the next
+    start uses it as it is. Once the state file is there (it is written first), the folder is
+    fedsweep's: `--restart` deletes it even without the trials file. Anything else stays refused."""
+    from fedsweep.config import ConfigError
+    from fedsweep.tune import STATE_FILE, _discard
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _discard(empty, empty / STATE_FILE)
+    assert empty.is_dir() and not any(empty.iterdir())
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / STATE_FILE).write_text("{}")
+    _discard(half, half / STATE_FILE)
+    assert not half.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="was not made by fedsweep"):
+        _discard(mine, mine / STATE_FILE)
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
 def test_storage_that_cannot_be_a_folder_fails_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
