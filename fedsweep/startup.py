@@ -8,8 +8,9 @@ fedsweep.run`` takes 3.4 s with the collector on, 2.5 s with it off (2 CPU cores
 
 So the entry points, every ``fedsweep`` command but ``bench`` and a sweep's Ray worker, call
 :func:`pause_collector` first, and :func:`end_startup` once the heavy imports are done (``config``,
-``algorithms`` and ``datasets`` end right after theirs and never need to): it moves every object alive then into the permanent generation (``gc.freeze``),
-which the collector never walks again, and turns the collector back on for what training makes.
+``algorithms`` and ``datasets`` end right after theirs and never need to). It moves every object
+alive then into the permanent generation (``gc.freeze``), which the collector never walks again,
+and turns the collector back on for what the process makes after.
 Objects are still freed by reference counting as before; only cycles made during start-up itself
 (a few dozen objects, as the passes above found) stay.
 
