@@ -151,19 +151,22 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         if ended:
             print(f"ended {len(ended)} Ray processes left by a killed fedsweep driver (pid {stale.get('pid')})",
                   file=sys.stderr)
+        superseded = None
         if not resume and exp_dir.exists():
             state = json.loads(state_path.read_text()) if state_path.is_file() else {}
             if state.get("finished") or restart or not state_path.is_file():
                 _discard(exp_dir, state_path)          # refuses a folder that is not a fedsweep sweep's
+                if not state.get("finished") and state.get("tracking_uri") == uri:
+                    superseded = state.get("parent_run_id")   # `--restart`: its open runs are over
             else:
                 raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
                                   f"--resume, or start over with --restart")
         return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
-                          lock=lock)
+                          lock=lock, superseded=superseded)
 
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
-               address: str | None, mode: str | None, lock) -> dict:
+               address: str | None, mode: str | None, lock, superseded: str | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from fedsweep.cluster import ray_session
@@ -179,7 +182,23 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
         with ray_session(address, mode=mode) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
             client, exp_id = store.result()
+            if superseded:
+                _close_superseded(client, superseded)
             return _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
+
+
+def _close_superseded(client, parent_id: str) -> None:
+    """``--restart`` of an unfinished sweep: the MLflow runs it left open (a killed driver's, still
+    RUNNING) end as an interrupted sweep's do, KILLED with ``fedsweep.status`` interrupted, and its
+    parent run KILLED; otherwise they would show as running forever beside the new sweep's."""
+    from mlflow.exceptions import MlflowException
+    try:
+        parent = client.get_run(parent_id)
+    except MlflowException:                # deleted since
+        return
+    _close_interrupted(client, parent.info.experiment_id, parent_id)
+    if parent.info.status == "RUNNING":
+        client.set_terminated(parent_id, status="KILLED")
 
 
 def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> dict:

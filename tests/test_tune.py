@@ -361,6 +361,40 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
     assert sorted((r.data.tags["fedsweep.status"], r.info.status) for r in runs) == [("finished", "FINISHED")] * 4
 
 
+def test_restart_closes_the_runs_a_killed_sweep_left_open(tmp_path, monkeypatch, capsys):
+    """`--restart` of a sweep whose driver was killed: the old sweep's runs that MLflow still shows
+    RUNNING end KILLED (tagged interrupted, as after Ctrl-C) and its parent run KILLED; finished runs
+    stay as they are; the new sweep runs as usual."""
+    from mlflow import MlflowClient
+
+    from fedsweep.tune import STATE_FILE
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = write_sweep(tmp_path / "z.yaml", "z", methods={"fedavg": {}})
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("z")
+    old = client.create_run(exp, tags={"fedsweep.role": "sweep", "fedsweep.sweep": "z"}).info.run_id
+    child = {s: client.create_run(exp, tags={"mlflow.parentRunId": old, "fedsweep.role": "trial",
+                                             "fedsweep.status": s}).info.run_id for s in ("running", "finished")}
+    client.set_terminated(child["finished"], status="FINISHED")
+    exp_dir = tmp_path / "fedsweep_runs" / "z"      # what the killed driver left: its state, unfinished
+    exp_dir.mkdir(parents=True)
+    (exp_dir / STATE_FILE).write_text(json.dumps({"parent_run_id": old, "tracking_uri": uri,
+                                                 "experiment": "z", "finished": False}))
+    assert main(["tune", path]) == 2                                  # unfinished: resume or restart
+    assert client.get_run(old).info.status == "RUNNING"
+    assert main(["tune", path, "--restart"]) == 0
+    assert client.get_run(old).info.status == "KILLED"
+    running = client.get_run(child["running"])
+    assert running.info.status == "KILLED" and running.data.tags["fedsweep.status"] == "interrupted"
+    finished = client.get_run(child["finished"])
+    assert finished.info.status == "FINISHED" and finished.data.tags["fedsweep.status"] == "finished"
+    _, runs = trial_runs(uri, "z")
+    new = [r for r in runs if r.data.tags["mlflow.parentRunId"] != old]
+    assert len(new) == 2 and all(r.data.tags["fedsweep.status"] in ("finished", "diverged") for r in new)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
