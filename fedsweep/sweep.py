@@ -270,16 +270,18 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
     ``synthetic`` made and split over its clients here, as its first trial will make it: a split that
     cannot be made (``classes_per_client`` above the number of classes, more clients than samples, a
     ``train_size`` or server pool too large, ...) is refused in one line naming the key and the trial,
-    instead of failing every trial that uses it once Ray runs them. The errors depend on the sizes of
-    the data, not on the seed. Torchvision datasets are not made here: loading one takes seconds,
-    and a cluster's nodes hold their own files; their trials find such errors when they load them."""
+    instead of failing every trial that uses it once Ray runs them. Digits' split errors depend on
+    its sizes, not on the seed; synthetic's clients' sizes are drawn from the seed, so each of its
+    seeds is made. Torchvision datasets are not made here: loading one takes seconds, and a cluster's
+    nodes hold their own files; their trials find such errors when they load them."""
     from fedsweep.data import load_federated
     checked: set[str] = set()
     for t in trials:
         cfg = t.config
         if cfg.data.name not in MADE_IN_MEMORY:
             continue
-        key = cfg.data.model_dump_json() + (cfg.server_data.model_dump_json() if cfg.server_data else "")
+        key = cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
+            (str(cfg.seed) if cfg.data.name == "synthetic" else "")
         if key in checked:
             continue
         checked.add(key)
