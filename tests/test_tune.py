@@ -328,8 +328,10 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
     Ray process is left, no native stack dump; `--resume` reopens them and its status line counts
     every trial of the sweep, not only this invocation's."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Long enough trials that both are still open 3 s after they start (their imports take ~2 s of
+    # it since fedsweep/startup.py; with 400 rounds both had sometimes finished by then).
     path = write_sweep(tmp_path / "i.yaml", "i", methods={"fedavg": {}}, seeds=[0, 1], max_concurrent=2,
-                       grid={"local.lr": [0.05, 0.1]}, base={**TINY["base"], "rounds": 400, "eval": {"every": 50}})
+                       grid={"local.lr": [0.05, 0.1]}, base={**TINY["base"], "rounds": 3000, "eval": {"every": 300}})
     proc = start_sweep(path, tmp_path, uri)
     try:
         assert _wait_for(lambda: _statuses(uri, "i").count("running") == 2, 240), \
