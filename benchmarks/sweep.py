@@ -204,8 +204,8 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
               + (f", {r['over_parallel_s']:.1f} s over the trials run {concurrency} at once" if "over_parallel_s" in r
                  else ""), flush=True)
         for w in r.get("workers", []):
-            print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to {w['last_end_s']:.1f} s: "
-                  f"training {w['training_s']:.2f} s, artifacts {w['artifacts_s']:.2f} s, final reports "
+            print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to "
+                  f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, artifacts {w['artifacts_s']:.2f} s, final reports "
                   f"{w['final_report_s']:.2f} s, between trials {w['between_trials_s']:.2f} s", flush=True)
     res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
     print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")

@@ -126,7 +126,8 @@ def main(args) -> int:
                   f"{1 / vect:>10.1f}{loop / vect:>8.1f}x{torch_loop / vect:>14.1f}x{auto:>12}"
                   f"{'' if auto == faster else ' (slower one!)'}", file=sys.stderr, flush=True)
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5, "batch_size": 10, "rounds_timed": args.rounds,
+              "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5,
+              "batch_size": 10, "rounds_timed": args.rounds,
               "data": "synthetic 1x8x8, 10 classes, 30 samples/client", "results": results}
     text = json.dumps(report, indent=2)
     if args.json:
