@@ -123,6 +123,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     # A crashed trial is one line of fedsweep's ([retrying] / [failed], the error and where its
     # traceback is kept), not Tune's whole traceback for every attempt.
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    # Tune's own per-trial result.json, progress.csv and TensorBoard files repeat every metric row
+    # the MLflow runs hold (64 KB a trial of sweeps/fedlga.yaml), written by the driver at every
+    # report; fedsweep reads none of them (its trials' state is the experiment state, checkpoints
+    # and MLflow). TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 brings them back.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")   # CPU trials must not grab a GPU
     if address:
         os.environ["RAY_AUTH_MODE"] = mode or check_cluster(address)   # before ray reads its config

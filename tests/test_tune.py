@@ -101,6 +101,17 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
             assert r.data.metrics["summary/rounds"] == 4 and "best/test_accuracy" in r.data.metrics
 
 
+def test_the_driver_writes_no_second_copy_of_the_metrics(finished_sweep):
+    """Tune's default loggers (result.json, progress.csv, TensorBoard events in every trial's
+    folder) would write each metric row again beside MLflow, in the driver, at every report."""
+    tmp, _, _ = finished_sweep
+    trial_dirs = [p for p in (tmp / "fedsweep_runs" / "tiny").iterdir() if p.name.startswith("run_unit_")]
+    assert len(trial_dirs) == 8
+    written = {f.name for d in trial_dirs for f in d.rglob("*") if f.is_file()}
+    assert not written & {"result.json", "progress.csv", "params.json", "params.pkl"}, written
+    assert not any(name.startswith("events.out.tfevents") for name in written), written
+
+
 def test_report_from_the_store(finished_sweep, capsys):
     tmp, _, path = finished_sweep
     out = tmp / "report"
