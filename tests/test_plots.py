@@ -32,3 +32,26 @@ def test_the_title_is_drawn(tmp_path: Path):
     curves_png(_history(30, 1.0), tmp_path / "titled.png", title="fedlga on digits")
     curves_png(_history(30, 1.0), tmp_path / "plain.png")
     assert (tmp_path / "titled.png").read_bytes() != (tmp_path / "plain.png").read_bytes()
+
+
+def _pixels(path: Path):
+    import numpy as np
+    from PIL import Image
+    return np.asarray(Image.open(path).convert("RGBA"))
+
+
+def test_a_plot_over_the_kept_background_is_a_full_draw_pixel_for_pixel(tmp_path: Path):
+    # Same rounds (so the kept background is reused), other losses, accuracies and title: the y
+    # axes, curves, legend and title drawn over it must be exactly what matplotlib's full draw of
+    # that figure gives.
+    import fedsweep.plots as plots
+    curves_png(_history(100, 9.0), tmp_path / "first.png", title="fedavg on digits")
+    key = plots._curves.background_key
+    second = _history(100, 0.02)
+    for h in second[4::5]:
+        h["test/accuracy"] = 0.1 + h["round"] / 1000
+    curves_png(second, tmp_path / "second.png", title="fedlga on synthetic")
+    assert plots._curves.background_key == key                       # the background was reused
+    plots._curves.fig.savefig(tmp_path / "full.png", dpi=plots._Curves.DPI)
+    assert (_pixels(tmp_path / "second.png") == _pixels(tmp_path / "full.png")).all()
+    assert (_pixels(tmp_path / "second.png") != _pixels(tmp_path / "first.png")).any()
