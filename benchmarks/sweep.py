@@ -29,7 +29,8 @@ shared 2-core machine of issue 13 the same command's times drifted by a third wi
 in-process sum of ``sweeps/fedlga.yaml`` 28.2 -> 38.8 s), more than most changes move them.
 
 Goals (issue 13): wall ≤ 1.3 × sum / concurrency + 10 s unpacked; packed ≥ 4× the unpacked
-trials per minute. Output: a table on stdout and, with ``--json``, every number.
+trials per minute. Output: a table on stdout; with ``--json``, every number (each worker's phase
+marks included); with ``--plot PNG``, each sweep's workers against time, one lane a worker.
 """
 from __future__ import annotations
 
@@ -161,8 +162,58 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
             if phase != "start" or before == "reported":   # a retried trial's crash: no gap to count
                 spent[into[phase]] += t1 - t0
         workers.append({"units": sum(p == "start" for _, p in marks), "first_start_s": marks[0][0] - start,
-                        "last_end_s": marks[-1][0] - start, **spent})
+                        "last_end_s": marks[-1][0] - start, **spent,
+                        "marks": [[round(t - start, 4), phase] for t, phase in marks]})
     return workers
+
+
+# A worker's phases as timeline_png draws them: (the mark that ends the phase, its colour, its label).
+PHASES = {"trained": ("tab:blue", "training"), "artifacts": ("tab:orange", "artifacts (curves.png, CSVs)"),
+          "reported": ("tab:red", "final report (waits for the driver)"),
+          "start": ("lightgrey", "between trials (Tune)")}
+
+
+def timeline_png(out: dict, path: str | Path) -> Path:
+    """Each sweep's Ray workers against time, one lane a worker, from the median runs in ``out`` (this
+    code's and, with ``--baseline``, the baseline's): start-up until a worker's first trial, its first
+    trial's training (with its imports) apart from the rest, then every trial's phases."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    runs = [(f"{label}{name}", res[name]) for label, res in (("", out), ("baseline ", out.get("baseline") or {}))
+            for name in ("unpacked", "packed") if res.get(name, {}).get("workers")]
+    lanes = sum(len(r["workers"]) for _, r in runs)
+    height = 0.45 * lanes + 2.4
+    fig, ax = plt.subplots(figsize=(11, height))
+    y, ticks = 0, []
+    for name, r in runs:
+        for i, w in enumerate(r["workers"]):
+            marks = w["marks"]
+            ax.barh(y, marks[0][0], left=0, color="whitesmoke", edgecolor="grey", linewidth=0.3)
+            first = True
+            for (t0, _), (t1, phase) in zip(marks, marks[1:]):
+                colour = PHASES[phase][0]
+                if phase == "trained" and first:
+                    colour, first = "tab:purple", False
+                ax.barh(y, t1 - t0, left=t0, color=colour, linewidth=0)
+            ax.plot([r["wall_s"]] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+            ticks.append((y, f"{name}, worker {i + 1}"))
+            y += 1
+        y += 0.5
+    ax.set_yticks([t for t, _ in ticks], [lab for _, lab in ticks])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the command started")
+    ax.set_title(f"{out['sweep']}: {out['trials']} trials, {out['concurrency']} at once — where each worker's time goes")
+    handles = [Patch(color="whitesmoke", label="start-up (driver, Ray, the worker's start)"),
+               Patch(color="tab:purple", label="first trial (with the worker's imports)"),
+               *[Patch(color=c, label=lab) for c, lab in PHASES.values()],
+               plt.Line2D([], [], color="black", label="the command ends")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.75 / height, 1, 1))   # the legend's three rows below the axes
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
 
 
 # The number each step is judged by.
@@ -221,6 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="measure steps 2-5 this many times, in turn; "
                     "medians reported (default 1)")
     ap.add_argument("--baseline", help="a checkout of fedsweep to measure right before this one, every time")
+    ap.add_argument("--plot", metavar="PNG", help="draw each sweep's workers against time (the median runs) here")
     ap.add_argument("--in-process-only", metavar="OUT", help=argparse.SUPPRESS)   # steps 2 and 3: one share of the trials
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--share", type=int, nargs=2, default=(0, 1), help=argparse.SUPPRESS)
@@ -277,6 +329,8 @@ def main(argv=None) -> int:
         _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.plot:
+        print(f"wrote {timeline_png(out, args.plot)}")
     return 0
 
 

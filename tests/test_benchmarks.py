@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,14 +29,46 @@ def test_pack_benchmark(tmp_path):
     assert all(r["step_ms"] > 0 and r["gflops"] > 0 for r in bound)
 
 
+def test_worker_timelines_and_their_plot(tmp_path, monkeypatch):
+    """The marks a trial writes (fedsweep.trainable, as in a sweep's worker) are read back phase by
+    phase and drawn, one lane a worker and sweep."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import sweep as bench
+
+    from fedsweep.trainable import _phase_marks
+    folder = tmp_path / "timeline"
+    folder.mkdir()
+    monkeypatch.setenv("FEDSWEEP_TIMELINE", str(folder))
+    mark = _phase_marks()
+    start = time.time()
+    for _ in range(3):                               # three trials of one worker
+        for phase in ("start", "trained", "artifacts", "reported"):
+            time.sleep(0.01)
+            mark(phase)
+    (worker,) = bench.worker_timelines(folder, start)
+    assert worker["units"] == 3 and [p for _, p in worker["marks"]] == ["start", "trained", "artifacts", "reported"] * 3
+    times = [t for t, _ in worker["marks"]]
+    assert times == sorted(times) and times[0] == pytest.approx(worker["first_start_s"], abs=1e-3)
+    assert worker["training_s"] > 0.02 and worker["between_trials_s"] > 0.01
+    out = {"sweep": "s.yaml", "trials": 3, "concurrency": 1,
+           "unpacked": {"wall_s": times[-1] + 0.1, "workers": [worker]},
+           "packed": {"wall_s": times[-1] + 0.1, "workers": [worker]},
+           "baseline": {"unpacked": {"wall_s": times[-1], "workers": [worker, worker]}}}
+    from PIL import Image
+    two = Image.open(bench.timeline_png({**out, "baseline": None}, tmp_path / "two.png"))
+    four = Image.open(bench.timeline_png(out, tmp_path / "four.png"))
+    assert two.width == four.width and four.height > two.height    # a lane for each worker of each sweep
+
+
 @pytest.mark.slow   # ~100 s: two real sweeps, three `fedsweep run`s and the trials in process
 def test_sweep_benchmark(tmp_path):
     sweep = tmp_path / "b.yaml"
     sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
                                      "methods": {"fedavg": {}}}))
     out = tmp_path / "sweep.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2", "--json", str(out)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2", "--json", str(out),
+                    "--plot", str(tmp_path / "timeline.png")], check=True, capture_output=True, cwd=tmp_path)
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
     got = json.loads(out.read_text())
     assert got["trials"] == 2 and got["pack"] == 2
     assert got["in_process"]["sum_s"] > 0 and got["goal_wall_s"] > got["ideal_wall_s"]
@@ -51,6 +84,7 @@ def test_sweep_benchmark(tmp_path):
             assert w["training_s"] > 0 and w["artifacts_s"] > 0 and w["final_report_s"] > 0
             assert w["training_s"] + w["artifacts_s"] + w["final_report_s"] + w["between_trials_s"] <= \
                 w["last_end_s"] - w["first_start_s"] + 1e-3
+            assert w["marks"][0] == [pytest.approx(w["first_start_s"], abs=1e-3), "start"]
     assert got["import_lightning_s"] > 0 and got["fedsweep_run_1_round_no_mlflow_s"] > 0
 
 
