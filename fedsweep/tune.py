@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from fedsweep.config import ConfigError, flatten
@@ -132,6 +133,9 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     state_path = exp_dir / STATE_FILE
     if resume and not state_path.is_file():
         raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root}")
+    if resume and json.loads(state_path.read_text()).get("parent_run_id") is None:
+        raise ConfigError(f"--resume: sweep {sweep.name!r} in {exp_dir} was stopped while it was being set up, "
+                          "before any trial started; start it over with --restart")
     if resume and not _current_trials_file(exp_dir / TRIALS_FILE):
         raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (its {TRIALS_FILE} is missing or of an older format); "
                           "start it over with --restart")
@@ -157,7 +161,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
             if state.get("finished") or restart or not state_path.is_file():
                 _discard(exp_dir, state_path)          # refuses a folder that is not a fedsweep sweep's
                 if not state.get("finished") and state.get("tracking_uri") == uri:
-                    superseded = state.get("parent_run_id")   # `--restart`: its open runs are over
+                    superseded = state   # `--restart`: its open runs are over
             else:
                 raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
                                   f"--resume, or start over with --restart")
@@ -166,7 +170,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
 
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
-               address: str | None, mode: str | None, lock, superseded: str | None = None) -> dict:
+               address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from fedsweep.cluster import ray_session
@@ -187,11 +191,21 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
             return _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
 
 
-def _close_superseded(client, parent_id: str) -> None:
-    """``--restart`` of an unfinished sweep: the MLflow runs it left open (a killed driver's, still
-    RUNNING) end as an interrupted sweep's do, KILLED with ``fedsweep.status`` interrupted, and its
-    parent run KILLED; otherwise they would show as running forever beside the new sweep's."""
+def _close_superseded(client, state: dict) -> None:
+    """``--restart`` of an unfinished sweep (``state``: its state file): the MLflow runs it left open
+    (a killed driver's, still RUNNING) end as an interrupted sweep's do, KILLED with
+    ``fedsweep.status`` interrupted, and its parent run KILLED; otherwise they would show as running
+    forever beside the new sweep's. A driver killed between creating the parent run and writing its
+    id left the parent's ``fedsweep.sweep_id`` tag as the way to it."""
     from mlflow.exceptions import MlflowException
+    parent_id = state.get("parent_run_id")
+    if parent_id is None and state.get("sweep_id"):
+        exp = client.get_experiment_by_name(state.get("experiment") or "")
+        found = exp and client.search_runs([exp.experiment_id], max_results=1, filter_string=(
+            f"tags.`fedsweep.role` = 'sweep' and tags.`fedsweep.sweep_id` = '{state['sweep_id']}'"))
+        parent_id = found[0].info.run_id if found else None
+    if parent_id is None:                  # killed before the parent run was made
+        return
     try:
         parent = client.get_run(parent_id)
     except MlflowException:                # deleted since
@@ -216,13 +230,17 @@ def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> 
                                    resume_errored=True)
     else:
         units = pack_units(sweep, trials)
-        parent_id = _create_parent(client, exp_id, sweep, trials, units, path)
         exp_dir.mkdir(parents=True, exist_ok=True)
-        payloads = [_trial_payload(t, sweep) for t in trials]
         # The state file first: from here on the folder is known as this sweep's (`--restart` may
-        # delete it), whatever a kill leaves of the rest.
-        state_path.write_text(json.dumps({"parent_run_id": parent_id, "tracking_uri": uri,
-                                          "experiment": experiment, "finished": False}))
+        # delete it), whatever a kill leaves of the rest; it names the parent run by a tag the run
+        # carries from its creation, so a driver killed before the run's id is written below still
+        # leaves the way to close it.
+        state = {"sweep_id": uuid.uuid4().hex, "parent_run_id": None, "tracking_uri": uri,
+                 "experiment": experiment, "finished": False}
+        state_path.write_text(json.dumps(state))
+        parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
+        state_path.write_text(json.dumps({**state, "parent_run_id": parent_id}))
+        payloads = [_trial_payload(t, sweep) for t in trials]
         (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
         tuner = _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id)
     total = len(payloads)
@@ -275,10 +293,10 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
-                   path: Path) -> str:
+                   path: Path, sweep_id: str) -> str:
     from fedsweep.tracking import log_params
-    run = client.create_run(exp_id, run_name=sweep.name, tags={"fedsweep.role": "sweep",
-                                                               "fedsweep.sweep": sweep.name})
+    run = client.create_run(exp_id, run_name=sweep.name, tags={"fedsweep.role": "sweep", "fedsweep.sweep": sweep.name,
+                                                               "fedsweep.sweep_id": sweep_id})
     log_params(client, run.info.run_id, {
         "sweep.trials": len(trials), "sweep.seeds": sweep.seeds,
         "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,

@@ -414,6 +414,40 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_restart_closes_the_parent_of_a_sweep_killed_while_it_was_set_up(tmp_path, monkeypatch, capsys):
+    """A driver killed after creating the parent run and before writing its id to the state file
+    (between the two, it logs the run's params and sweep.yaml) left a parent RUNNING that no state
+    names: the state's sweep id, which the parent carries as a tag from its creation, leads
+    `--restart` to it; `--resume` says there is nothing to resume. A parent of another sweep of the
+    same name (another --storage: another lock, another sweep id) is not touched."""
+    from mlflow import MlflowClient
+
+    from fedsweep.tune import STATE_FILE
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = write_sweep(tmp_path / "k.yaml", "k", methods={"fedavg": {}})
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("k")
+    tags = {"fedsweep.role": "sweep", "fedsweep.sweep": "k"}
+    orphan = client.create_run(exp, tags={**tags, "fedsweep.sweep_id": "a" * 32}).info.run_id
+    other = client.create_run(exp, tags={**tags, "fedsweep.sweep_id": "b" * 32}).info.run_id
+    exp_dir = tmp_path / "fedsweep_runs" / "k"      # what the killed driver left
+    exp_dir.mkdir(parents=True)
+    (exp_dir / STATE_FILE).write_text(json.dumps({"sweep_id": "a" * 32, "parent_run_id": None, "tracking_uri": uri,
+                                                 "experiment": "k", "finished": False}))
+    assert main(["tune", path, "--resume"]) == 2
+    assert "stopped while it was being set up" in capsys.readouterr().err
+    assert main(["tune", path, "--restart"]) == 0
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert client.get_run(other).info.status == "RUNNING"
+    # The new sweep's state names its parent, which carries the state's sweep id.
+    state = json.loads((exp_dir / STATE_FILE).read_text())
+    parent = client.get_run(state["parent_run_id"])
+    assert parent.data.tags["fedsweep.sweep_id"] == state["sweep_id"] not in ("a" * 32, "b" * 32)
+    assert parent.info.status == "FINISHED" and state["finished"]
+
+
 def test_what_a_trial_would_find_late_is_refused_before_ray(tmp_path, capsys, monkeypatch):
     """A torchvision dataset's missing files, a `device: cuda` trial given no GPU and a split of the
     data that cannot be made would fail every trial, after Ray started and after each retry: refused
