@@ -105,7 +105,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id.
 
     Everything that can be checked is checked before anything is written: the sweep file, the
-    cluster (reachable, same authentication mode), the storage folder and the MLflow store. A
+    cluster (reachable, same authentication mode), the storage folder and the MLflow store; what
+    ``--resume`` needs of the sweep it continues, under the sweep's lock (which exists by then). A
     second driver of a running sweep is refused (:class:`~fedsweep.locks.SweepLock`); one that
     finds the lock of a killed driver ends what that driver's local Ray instance left running."""
     from fedsweep.paths import check_writable_dir
@@ -131,23 +132,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     uri = check_store(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
     exp_dir = root / sweep.name
     state_path = exp_dir / STATE_FILE
-    if resume and not state_path.is_file():
+    if resume and not state_path.is_file():           # before the lock, which would make its folder
         raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root}")
-    if resume and json.loads(state_path.read_text()).get("parent_run_id") is None:
-        raise ConfigError(f"--resume: sweep {sweep.name!r} in {exp_dir} was stopped while it was being set up, "
-                          "before any trial started; start it over with --restart")
-    if resume and not _current_trials_file(exp_dir / TRIALS_FILE):
-        raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (its {TRIALS_FILE} is missing or of an older format); "
-                          "start it over with --restart")
-
-    if resume:
-        changed = _changed_since_start(json.loads((exp_dir / TRIALS_FILE).read_text()),
-                                       [_trial_payload(t, sweep) for t in trials], pack_units(sweep, trials))
-        if changed:
-            raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
-                              f"sweep runs the trials it started with: restore the file (its MLflow parent run "
-                              f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
-
     from fedsweep.locks import SweepLock, end_leftovers
     with SweepLock(root / f"{sweep.name}.lock", sweep.name) as lock:
         stale = lock.acquire()
@@ -155,6 +141,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         if ended:
             print(f"ended {len(ended)} Ray processes left by a killed fedsweep driver (pid {stale.get('pid')})",
                   file=sys.stderr)
+        if resume:   # under the lock: a driver still setting the sweep up is named as running, not misread
+            _check_resumable(sweep, trials, path, root)
         superseded = None
         if not resume and exp_dir.exists():
             state = json.loads(state_path.read_text()) if state_path.is_file() else {}
@@ -167,6 +155,25 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
                                   f"--resume, or start over with --restart")
         return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
                           lock=lock, superseded=superseded)
+
+
+def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, root: Path) -> None:
+    """``--resume``: the sweep whose state is there got as far as its trials, and started from this
+    sweep file."""
+    exp_dir = root / sweep.name
+    state_path = exp_dir / STATE_FILE
+    if json.loads(state_path.read_text()).get("parent_run_id") is None:
+        raise ConfigError(f"--resume: sweep {sweep.name!r} in {exp_dir} was stopped while it was being set up, "
+                          "before any trial started; start it over with --restart")
+    if not _current_trials_file(exp_dir / TRIALS_FILE):
+        raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (its {TRIALS_FILE} is missing or of an older format); "
+                          "start it over with --restart")
+    changed = _changed_since_start(json.loads((exp_dir / TRIALS_FILE).read_text()),
+                                   [_trial_payload(t, sweep) for t in trials], pack_units(sweep, trials))
+    if changed:
+        raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
+                          f"sweep runs the trials it started with: restore the file (its MLflow parent run "
+                          f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
 
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,

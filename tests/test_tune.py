@@ -436,6 +436,11 @@ def test_restart_closes_the_parent_of_a_sweep_killed_while_it_was_set_up(tmp_pat
     exp_dir.mkdir(parents=True)
     (exp_dir / STATE_FILE).write_text(json.dumps({"sweep_id": "a" * 32, "parent_run_id": None, "tracking_uri": uri,
                                                  "experiment": "k", "finished": False}))
+    from fedsweep.locks import SweepLock
+    with SweepLock(tmp_path / "fedsweep_runs" / "k.lock", "k") as setting_up:   # a driver still at it
+        setting_up.acquire()
+        assert main(["tune", path, "--resume"]) == 2
+        assert "is already running since" in capsys.readouterr().err
     assert main(["tune", path, "--resume"]) == 2
     assert "stopped while it was being set up" in capsys.readouterr().err
     assert main(["tune", path, "--restart"]) == 0
