@@ -374,19 +374,24 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
     assert sorted((r.data.tags["fedsweep.status"], r.info.status) for r in runs) == [("finished", "FINISHED")] * 4
 
 
+def _sweep_and_store(tmp_path, monkeypatch, name: str):
+    """A one-method tiny sweep ``name`` run from ``tmp_path``, and its MLflow store with its experiment
+    made: (uri, sweep path, client, experiment id)."""
+    from mlflow import MlflowClient
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = write_sweep(tmp_path / f"{name}.yaml", name, methods={"fedavg": {}})
+    client = MlflowClient(tracking_uri=uri)
+    return uri, path, client, client.create_experiment(name)
+
+
 def test_restart_closes_the_runs_a_killed_sweep_left_open(tmp_path, monkeypatch, capsys):
     """`--restart` of a sweep whose driver was killed: the old sweep's runs that MLflow still shows
     RUNNING end KILLED (tagged interrupted, as after Ctrl-C) and its parent run KILLED; finished runs
     stay as they are; the new sweep runs as usual."""
-    from mlflow import MlflowClient
-
     from fedsweep.tune import STATE_FILE
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    path = write_sweep(tmp_path / "z.yaml", "z", methods={"fedavg": {}})
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("z")
+    uri, path, client, exp = _sweep_and_store(tmp_path, monkeypatch, "z")
     old = client.create_run(exp, tags={"fedsweep.role": "sweep", "fedsweep.sweep": "z"}).info.run_id
     child = {s: client.create_run(exp, tags={"mlflow.parentRunId": old, "fedsweep.role": "trial",
                                              "fedsweep.status": s}).info.run_id for s in ("running", "finished")}
@@ -418,17 +423,11 @@ def test_restart_closes_the_parent_of_a_sweep_killed_while_it_was_set_up(tmp_pat
     """A driver killed after creating the parent run and before writing its id to the state file
     (between the two, it logs the run's params and sweep.yaml) left a parent RUNNING that no state
     names: the state's sweep id, which the parent carries as a tag from its creation, leads
-    `--restart` to it; `--resume` says there is nothing to resume. A parent of another sweep of the
-    same name (another --storage: another lock, another sweep id) is not touched."""
-    from mlflow import MlflowClient
-
+    `--restart` to it; `--resume` says the sweep never got as far as its trials (or, while a driver
+    holds the sweep's lock, that it is running). A parent of another sweep of the same name
+    (another --storage: another lock, another sweep id) is not touched."""
     from fedsweep.tune import STATE_FILE
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    path = write_sweep(tmp_path / "k.yaml", "k", methods={"fedavg": {}})
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("k")
+    uri, path, client, exp = _sweep_and_store(tmp_path, monkeypatch, "k")
     tags = {"fedsweep.role": "sweep", "fedsweep.sweep": "k"}
     orphan = client.create_run(exp, tags={**tags, "fedsweep.sweep_id": "a" * 32}).info.run_id
     other = client.create_run(exp, tags={**tags, "fedsweep.sweep_id": "b" * 32}).info.run_id
