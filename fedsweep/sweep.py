@@ -250,15 +250,23 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
                               f"sees only the GPUs Ray gave it")
     if local:
         from fedsweep.data.sources import check_files
-        checked: set[str] = set()
-        for t in trials:
-            data = t.config.data.model_dump_json()
-            if data not in checked:
-                checked.add(data)
-                try:
-                    check_files(t.config.data)
-                except ConfigError as e:
-                    raise ConfigError(f"{source}: {e} (trial {t.label})") from None
+        _check_each_distinct(trials, lambda t: t.config.data.model_dump_json(), lambda t: check_files(t.config.data),
+                             source)
+
+
+def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:
+    """``check(trial)`` for the first trial of each distinct ``key(trial)`` (a key of None: not
+    checked); a ConfigError it raises comes back as one line naming ``source`` and that trial."""
+    checked: set[str] = set()
+    for t in trials:
+        k = key(t)
+        if k is None or k in checked:
+            continue
+        checked.add(k)
+        try:
+            check(t)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e} (trial {t.label})") from None
 
 
 # Datasets made in memory (no files), in a tenth of a second: the ones check_data splits before Ray.
@@ -275,20 +283,15 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
     seeds is made. Torchvision datasets are not made here: loading one takes seconds, and a cluster's
     nodes hold their own files; their trials find such errors when they load them."""
     from fedsweep.data import load_federated
-    checked: set[str] = set()
-    for t in trials:
+
+    def setup(t: Trial) -> str | None:
         cfg = t.config
         if cfg.data.name not in MADE_IN_MEMORY:
-            continue
-        key = cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
+            return None
+        return cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
             (str(cfg.seed) if cfg.data.name == "synthetic" else "")
-        if key in checked:
-            continue
-        checked.add(key)
-        try:
-            load_federated(cfg.data, cfg.seed, server=cfg.server_data)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e} (trial {t.label})") from None
+    _check_each_distinct(trials, setup, lambda t: load_federated(t.config.data, t.config.seed,
+                                                                 server=t.config.server_data), source)
 
 
 def reference_method(sweep: SweepConfig, methods) -> str | None:
