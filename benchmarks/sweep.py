@@ -5,7 +5,8 @@
 Measured, in this order, each on the same machine with nothing else running:
 
 1. ``import lightning`` and ``fedsweep run`` of 1 round (logging to a new MLflow store, to that
-   store again, and with ``--no-mlflow``), each a fresh ``python`` process;
+   store again, and with ``--no-mlflow``), each a fresh ``python`` process; and the commands that
+   train nothing, ``fedsweep config``, ``algorithms`` and ``datasets`` (``report`` in step 4);
 2. every trial of the sweep trained in one process, one after another, on as many threads as a
    Ray worker gets (``resources.cpu``): the sum is what the trials cost;
 3. the same trials split over as many processes as the sweep runs at once, all started together
@@ -18,7 +19,8 @@ Measured, in this order, each on the same machine with nothing else running:
    step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/trainable.py):
    when its first trial started, and the seconds its trials spent training (the first one's
    Lightning import included), rendering artifacts, in their final report (a checkpoint, then
-   Tune's synchronous report: the wait for the driver) and between trials (Tune's gap);
+   Tune's synchronous report: the wait for the driver) and between trials (Tune's gap); then
+   ``fedsweep report`` of the sweep, from its store;
 5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4.
 
 Steps 2–5 run ``--repeat`` times, in turn (2, 3, 4, 5, 2, 3, ...), and the medians are reported
@@ -145,8 +147,12 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
                               max_results=50_000)
     statuses = sorted({r.data.tags.get("fedsweep.status") for r in runs})
     first = min(r.info.start_time for r in runs)
-    return {"wall_s": wall, "startup_s": (first - start_ms) / 1000, "trials": len(runs), "statuses": statuses,
-            "trials_per_min": 60 * len(runs) / wall, "workers": worker_timelines(timeline, start_ms / 1000)}
+    result = {"wall_s": wall, "startup_s": (first - start_ms) / 1000, "trials": len(runs), "statuses": statuses,
+              "trials_per_min": 60 * len(runs) / wall, "workers": worker_timelines(timeline, start_ms / 1000)}
+    if not pack:   # `fedsweep report` of the sweep, from its store
+        result["report_s"], _ = timed_process([sys.executable, "-m", "fedsweep.cli", "report", str(path),
+                                               "--out", str(work / f"{spec['name']}-report")], env=env, cwd=str(work))
+    return result
 
 
 def worker_timelines(folder: Path, start: float) -> list[dict]:
@@ -253,7 +259,7 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
               + f", start-up {r['startup_s']:.1f} s, {r['trials_per_min']:.0f} trials/min"
               + (f", per-trial overhead {r['per_trial_overhead_s']:.2f} s" if "per_trial_overhead_s" in r else "")
               + (f", {r['over_parallel_s']:.1f} s over the trials run {concurrency} at once" if "over_parallel_s" in r
-                 else ""), flush=True)
+                 else "") + (f"; fedsweep report of it {r['report_s']:.1f} s" if "report_s" in r else ""), flush=True)
         for w in r.get("workers", []):
             print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to "
                   f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, artifacts {w['artifacts_s']:.2f} s, final reports "
@@ -309,6 +315,11 @@ def main(argv=None) -> int:
     print(f"import lightning {out['import_lightning_s']:.2f} s; fedsweep run of 1 round "
           f"{out['fedsweep_run_1_round_s']:.2f} s logged to MLflow ({out['fedsweep_run_1_round_new_store_s']:.2f} s "
           f"creating the store), {out['fedsweep_run_1_round_no_mlflow_s']:.2f} s with --no-mlflow", flush=True)
+    # The commands that train nothing (`report` is timed after the unpacked sweep, on its store).
+    out["commands_s"] = {name: timed_process([sys.executable, "-m", "fedsweep.cli", *argv])[0]
+                         for name, argv in (("config", ["config", args.sweep]), ("algorithms", ["algorithms"]),
+                                            ("datasets", ["datasets"]))}
+    print("; ".join(f"fedsweep {k} {v:.2f} s" for k, v in out["commands_s"].items()), flush=True)
 
     codes = {"now": None, **({"baseline": args.baseline} if args.baseline else {})}
     samples: dict = {c: {step: [] for step in MEASURE} for c in codes}

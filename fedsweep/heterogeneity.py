@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedsweep.config import ConfigError, RunConfig
+from fedsweep.lazy import torch
 from fedsweep.rng import generator, np_rng
 
 

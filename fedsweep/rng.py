@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
+
+from fedsweep.lazy import torch
 
 
 def derive_seed(seed: int, round: int, purpose: str) -> int:

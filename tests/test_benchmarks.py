@@ -86,6 +86,8 @@ def test_sweep_benchmark(tmp_path):
                 w["last_end_s"] - w["first_start_s"] + 1e-3
             assert w["marks"][0] == [pytest.approx(w["first_start_s"], abs=1e-3), "start"]
     assert got["import_lightning_s"] > 0 and got["fedsweep_run_1_round_no_mlflow_s"] > 0
+    assert set(got["commands_s"]) == {"config", "algorithms", "datasets"} and min(got["commands_s"].values()) > 0
+    assert got["unpacked"]["report_s"] > 0 and "report_s" not in got["packed"]
 
 
 @pytest.mark.slow   # ~3.5 min: 8 real sweeps, 4 in-process sums and 4 in-process runs 2 at once

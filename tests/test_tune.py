@@ -121,6 +121,27 @@ def test_report_from_the_store(finished_sweep, capsys):
     assert (out / "accuracy_curves.png").stat().st_size > 0 and (out / "rounds_to_target.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("command", [["report", "tiny.yaml", "--out", "report-no-torch"], ["config", "tiny.yaml"],
+                                     ["algorithms"]])
+def test_commands_that_train_nothing_do_not_import_torch(finished_sweep, command):
+    """`fedsweep report`, `config` and `algorithms` read the algorithms' declarations and the run
+    plan's types but train nothing: torch (~0.8 s of a 1.2 s command) is not imported. Each is run
+    as a fresh process on the real sweep's store, with an import of torch made an error."""
+    tmp, uri, _ = finished_sweep
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'torch':\n"
+            "            raise ImportError('torch imported')\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "from fedsweep.cli import main\n"
+            f"sys.exit(main({command!r}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()
+
+
 def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_sweep(tmp_path / "s.yaml", "s")

@@ -37,15 +37,16 @@ the engine: a client whose steps are done keeps its state unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from fedsweep.heterogeneity import RoundPlan
+from fedsweep.lazy import torch
 
-Tensor = torch.Tensor
-Batch = tuple[Tensor, Tensor, Tensor]   # x (B, ...), y (B,), weight (B,) summing to 1
+if TYPE_CHECKING:
+    from torch import Tensor
+Batch = tuple["Tensor", "Tensor", "Tensor"]   # x (B, ...), y (B,), weight (B,) summing to 1
 
 
 @dataclass

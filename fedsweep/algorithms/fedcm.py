@@ -41,11 +41,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.lazy import torch
 
 
 class FedCMParams(BaseModel):

@@ -43,11 +43,11 @@ Choices:
 """
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.lazy import torch
 
 
 class FedDynParams(BaseModel):

@@ -34,11 +34,11 @@ sampled client (the base accounting). The FedLGA paper's grid (Table IV) is Î¼ â
 """
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.lazy import torch
 
 
 class FedProxParams(BaseModel):

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm, NoParams
 from fedsweep.algorithms.scaffold import Scaffold
+from fedsweep.lazy import torch
 
 
 class GradientBatchParams(BaseModel):

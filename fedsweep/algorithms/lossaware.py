@@ -47,11 +47,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.lazy import torch
 
 
 class LossAwareParams(BaseModel):

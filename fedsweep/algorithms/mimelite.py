@@ -36,11 +36,11 @@ Choices, and where they differ from the paper or published code:
 """
 from __future__ import annotations
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.lazy import torch
 
 
 class MimeLiteParams(BaseModel):
