@@ -164,8 +164,8 @@ def _dispatch(args) -> int:
 def entry() -> None:
     """The ``fedsweep`` command. A sweep's driver ends with ``os._exit`` once its exit handlers have
     run: by then every MLflow run is closed, Ray is shut down and the lock is released, and what is
-    left is the interpreter tearing down the modules of Ray, MLflow and torch, 1.7 s measured on
-    2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process).
+    left is the interpreter tearing down the modules of Ray, MLflow and (then) torch, 1.7 s measured
+    on 2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process).
     Every command but ``bench`` starts up without the cyclic garbage collector (fedsweep/startup.py):
     ``run``, ``tune`` and ``report`` turn it back on once their imports are done; ``config``,
     ``algorithms`` and ``datasets`` end right after theirs. ``bench`` times training as a sweep's

@@ -1,9 +1,12 @@
-"""torch for the modules that the configuration reads, imported on its first use.
+"""torch imported on its first use, for the modules that code which trains nothing reads.
 
 ``fedsweep config``, ``algorithms`` and ``report`` read the algorithms' declarations (their
-``Params``, in the algorithm modules) and the run plan's types, but train nothing; importing torch
-is ~0.8 of their ~1.2 s. So the modules on that path (``rng``, ``heterogeneity``, ``algorithms/*``)
-name torch through :data:`torch` below, which imports it at the first attribute read.
+``Params``, in the algorithm modules) and the run plan's types; a sweep's driver also splits its
+trials' data (numpy) and summarizes, formats and logs their results (``fedsweep.run``'s helpers).
+None of them trains, and importing torch was ~0.8 s of each (of 1.2 s for ``config``; of the
+driver's start-up, before Ray starts). So those modules (``rng``, ``heterogeneity``, ``run``,
+``algorithms/*``, ``data``) name torch through :data:`torch` below, which imports it at the first
+attribute read: in a trial, as soon as it builds anything.
 
 Not ``importlib.util.LazyLoader`` in ``sys.modules``: on Python 3.11 any other module's
 ``import torch`` reads the lazy module's ``__spec__``, which loads it at once. This object is only

@@ -16,10 +16,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 import yaml
 
 from fedsweep.config import ConfigError, RunConfig, flatten
+from fedsweep.lazy import torch
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
@@ -224,13 +224,10 @@ def _stop_after_round_on_signal(stop):
             signal.signal(s, handler)
 
 
-def quiet_logs(lightning: bool = True) -> None:
-    """Only warnings and errors from Lightning (unless ``lightning=False``: a sweep's driver never
-    imports it, ~4 s), MLflow's store set-up and alembic."""
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)   # schema-creation chatter
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    if not lightning:
-        return
+def quiet_logs() -> None:
+    """Only warnings and errors from Lightning, MLflow's store set-up and alembic."""
+    from fedsweep.tracking import quiet_store_logs
+    quiet_store_logs()
     import lightning  # noqa: F401  (its import resets the logger level: set it after)
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)

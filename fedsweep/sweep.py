@@ -282,7 +282,7 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
     its sizes, not on the seed; synthetic's clients' sizes are drawn from the seed, so each of its
     seeds is made. Torchvision datasets are not made here: loading one takes seconds, and a cluster's
     nodes hold their own files; their trials find such errors when they load them."""
-    from fedsweep.data import load_federated
+    from fedsweep.data import split_federated
 
     def setup(t: Trial) -> str | None:
         cfg = t.config
@@ -290,8 +290,8 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
             return None
         return cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
             (str(cfg.seed) if cfg.data.name == "synthetic" else "")
-    _check_each_distinct(trials, setup, lambda t: load_federated(t.config.data, t.config.seed,
-                                                                 server=t.config.server_data), source)
+    _check_each_distinct(trials, setup, lambda t: split_federated(t.config.data, t.config.seed,
+                                                                  server=t.config.server_data), source)
 
 
 def reference_method(sweep: SweepConfig, methods) -> str | None:

@@ -185,6 +185,13 @@ def _artifact_root(uri: str) -> str | None:
     return None
 
 
+def quiet_store_logs() -> None:
+    """Only warnings and errors from MLflow's store set-up and alembic (its schema-creation chatter)."""
+    import logging
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def open_experiment(uri: str, name: str):
     """(an MlflowClient of the store at ``uri``, the id of experiment ``name``, created if missing).
 

@@ -121,13 +121,8 @@ def test_report_from_the_store(finished_sweep, capsys):
     assert (out / "accuracy_curves.png").stat().st_size > 0 and (out / "rounds_to_target.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("command", [["report", "tiny.yaml", "--out", "report-no-torch"], ["config", "tiny.yaml"],
-                                     ["algorithms"]])
-def test_commands_that_train_nothing_do_not_import_torch(finished_sweep, command):
-    """`fedsweep report`, `config` and `algorithms` read the algorithms' declarations and the run
-    plan's types but train nothing: torch (~0.8 s of a 1.2 s command) is not imported. Each is run
-    as a fresh process on the real sweep's store, with an import of torch made an error."""
-    tmp, uri, _ = finished_sweep
+def _main_without_torch(argv: list[str], cwd, uri: str) -> subprocess.CompletedProcess:
+    """``fedsweep <argv>`` as a fresh process in which importing torch is an error."""
     code = ("import sys\n"
             "class NoTorch:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
@@ -135,11 +130,33 @@ def test_commands_that_train_nothing_do_not_import_torch(finished_sweep, command
             "            raise ImportError('torch imported')\n"
             "sys.meta_path.insert(0, NoTorch())\n"
             "from fedsweep.cli import main\n"
-            f"sys.exit(main({command!r}))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True,
+            f"sys.exit(main({argv!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+
+
+@pytest.mark.parametrize("command", [["report", "tiny.yaml", "--out", "report-no-torch"], ["config", "tiny.yaml"],
+                                     ["algorithms"]])
+def test_commands_that_train_nothing_do_not_import_torch(finished_sweep, command):
+    """`fedsweep report`, `config` and `algorithms` read the algorithms' declarations and the run
+    plan's types but train nothing: torch (~0.8 s of a 1.2 s command) is not imported. Each is run
+    on the real sweep's store."""
+    tmp, uri, _ = finished_sweep
+    proc = _main_without_torch(command, tmp, uri)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip()
+
+
+def test_the_driver_does_not_import_torch(tmp_path):
+    """A sweep's driver checks its trials' data splits (numpy), runs Tune and logs every trial to
+    MLflow, finished and diverged ones, without torch (~0.8 s of its start-up, before Ray); only its
+    workers train. A real sweep whose driver cannot import torch."""
+    path = write_sweep(tmp_path / "s.yaml", "s")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _main_without_torch(["tune", path], tmp_path, uri)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = trial_runs(uri, "s")
+    assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["diverged"] * 2 + ["finished"] * 2
 
 
 def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
@@ -258,7 +275,10 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys
         os.kill(proc.pid, signal.SIGKILL)                              # the driver only
         proc.wait()
     _, before = trial_runs(uri, "r")
-    done_before = {r.info.run_id: r.info.end_time for r in before if r.data.tags["fedsweep.status"] == "finished"}
+    # Closed runs only: the driver tags a run's status, then ends it; a kill between the two leaves a
+    # run tagged finished but still RUNNING, which the resumed sweep ends (its end time is then new).
+    done_before = {r.info.run_id: r.info.end_time for r in before
+                   if r.data.tags["fedsweep.status"] == "finished" and r.info.end_time is not None}
     assert len(done_before) < 8                                       # killed mid-sweep
     bystander = subprocess.Popen(["sleep", "300"])                    # in our group, not Ray: kept
 

@@ -1,10 +1,13 @@
-"""Dataset sources: arrays in, normalized float32 tensors out, each a pure function of ``(cfg, seed)``.
+"""Dataset sources: normalized float32 samples and int64 labels, each a pure function of ``(cfg, seed)``.
 
 * ``digits``: scikit-learn's 8x8 digits (ships with scikit-learn, offline).
 * ``synthetic``: FedProx's synthetic(α, β), generated per client (its own natural partition).
 * ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``: torchvision's classes read from
   ``data.root``; their ``.data``/``.targets`` arrays are converted to tensors once (no per-sample
   Dataset/DataLoader pass), scaled to [0, 1] and normalized per channel.
+
+``digits`` and ``synthetic`` are made as numpy arrays (``load_federated`` makes them tensors without
+a copy), so a sweep's driver checks their splits without importing torch.
 """
 from __future__ import annotations
 
@@ -13,20 +16,21 @@ import pickle
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedsweep.catalog import DATASETS  # noqa: F401  (re-exported: fedsweep.data.DATASETS)
 from fedsweep.config import ConfigError, DataConfig
+from fedsweep.lazy import torch
 from fedsweep.rng import np_rng
 
 
 @dataclass
 class Source:
-    """A dataset before partitioning (``client_indices`` set only where the data has a natural split)."""
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
+    """A dataset before partitioning (``client_indices`` set only where the data has a natural split):
+    numpy arrays (digits, synthetic) or tensors (torchvision's)."""
+    x_train: np.ndarray | torch.Tensor
+    y_train: np.ndarray | torch.Tensor
+    x_test: np.ndarray | torch.Tensor
+    y_test: np.ndarray | torch.Tensor
     num_classes: int
     client_indices: list[np.ndarray] | None = None
 
@@ -47,8 +51,8 @@ def load_digits(cfg: DataConfig, seed: int) -> Source:
     """scikit-learn digits scaled to [0, 1] (pixels are 0..16), shape (1, 8, 8), with a stratified
     ``test_fraction`` held out (⌈fraction·n⌉ samples, like scikit-learn's stratified split)."""
     images, target = digits_arrays()
-    x = torch.from_numpy((images / 16.0).astype(np.float32)).unsqueeze(1)
-    y = torch.from_numpy(target.astype(np.int64))
+    x = (images / 16.0).astype(np.float32)[:, None]
+    y = target.astype(np.int64)
     test = stratified_holdout(target, cfg.test_fraction, np_rng(seed, -1, "test_split"))
     train = ~test
     return Source(x[train], y[train], x[test], y[test], num_classes=10)
@@ -136,7 +140,7 @@ def load_synthetic(cfg: DataConfig, seed: int) -> Source:
         offset += len(tr)
 
     def cat(parts, dtype):
-        return torch.from_numpy(np.concatenate(parts).astype(dtype))
+        return np.concatenate(parts).astype(dtype)
 
     return Source(cat(xs_tr, np.float32), cat(ys_tr, np.int64), cat(xs_te, np.float32), cat(ys_te, np.int64),
                   num_classes=n_cls, client_indices=clients)
