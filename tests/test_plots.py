@@ -54,4 +54,6 @@ def test_a_plot_over_the_kept_background_is_a_full_draw_pixel_for_pixel(tmp_path
     assert plots._curves.background_key == key                       # the background was reused
     plots._curves.fig.savefig(tmp_path / "full.png", dpi=plots._Curves.DPI)
     assert (_pixels(tmp_path / "second.png") == _pixels(tmp_path / "full.png")).all()
+    from PIL import Image
+    assert Image.open(tmp_path / "second.png").mode == "RGB"         # opaque: written without alpha
     assert (_pixels(tmp_path / "second.png") != _pixels(tmp_path / "first.png")).any()
