@@ -18,8 +18,9 @@ Measured, in this order, each on the same machine with nothing else running:
    ((wall − start-up) × concurrency / trials − mean in-process trial time), and its seconds over
    step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/trainable.py):
    when its first trial started, and the seconds its trials spent training (the first one's
-   Lightning import included), rendering artifacts, in their final report (a checkpoint, then
-   Tune's synchronous report: the wait for the driver) and between trials (Tune's gap); then
+   Lightning import included), in their final report (a checkpoint, then Tune's synchronous
+   report: the wait for the driver, while the artifacts are drawn beside it), waiting for the
+   artifacts the report left to draw, and between trials (Tune's gap); then
    ``fedsweep report`` of the sweep, from its store;
 5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4.
 
@@ -165,7 +166,9 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
         into = {"trained": "training_s", "artifacts": "artifacts_s", "reported": "final_report_s",
                 "start": "between_trials_s"}
         for (t0, before), (t1, phase) in zip(marks, marks[1:]):
-            if phase != "start" or before == "reported":   # a retried trial's crash: no gap to count
+            # A trial ends at its last mark ("artifacts"; "reported" in checkouts before the artifacts
+            # were drawn during the final report); a start after any other is a retried trial's crash.
+            if phase != "start" or before in ("artifacts", "reported"):
                 spent[into[phase]] += t1 - t0
         workers.append({"units": sum(p == "start" for _, p in marks), "first_start_s": marks[0][0] - start,
                         "last_end_s": marks[-1][0] - start, **spent,
@@ -174,8 +177,9 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
 
 
 # A worker's phases as timeline_png draws them: (the mark that ends the phase, its colour, its label).
-PHASES = {"trained": ("tab:blue", "training"), "artifacts": ("tab:orange", "artifacts (curves.png, CSVs)"),
-          "reported": ("tab:red", "final report (waits for the driver)"),
+PHASES = {"trained": ("tab:blue", "training"),
+          "artifacts": ("tab:orange", "artifacts (curves.png, CSVs): what the final report left to draw"),
+          "reported": ("tab:red", "final report (waits for the driver; artifacts drawn beside it)"),
           "start": ("lightgrey", "between trials (Tune)")}
 
 
@@ -262,8 +266,9 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                  else "") + (f"; fedsweep report of it {r['report_s']:.1f} s" if "report_s" in r else ""), flush=True)
         for w in r.get("workers", []):
             print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to "
-                  f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, artifacts {w['artifacts_s']:.2f} s, final reports "
-                  f"{w['final_report_s']:.2f} s, between trials {w['between_trials_s']:.2f} s", flush=True)
+                  f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, final reports {w['final_report_s']:.2f} s, "
+                  f"artifacts {w['artifacts_s']:.2f} s (after the reports; before them in older checkouts), "
+                  f"between trials {w['between_trials_s']:.2f} s", flush=True)
     res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
     print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
 

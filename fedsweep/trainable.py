@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
 
 def _phase_marks():
     """When ``FEDSWEEP_TIMELINE`` names a folder (``benchmarks/sweep.py`` sets it), a trial appends
-    the time each of its phases ends (``start``, ``trained``, ``artifacts``, ``reported``) to
+    the time each of its phases ends (``start``, ``trained``, ``reported``: the final report, with
+    the artifacts drawn beside it; ``artifacts``: the drawing left when the report returned) to
     ``<folder>/<worker pid>.txt``: where a worker's time goes, trial after trial. Otherwise nothing."""
     folder = os.environ.get("FEDSWEEP_TIMELINE")
     if not folder:
@@ -143,6 +145,26 @@ def final_part(summary: dict, rounds: int) -> dict:
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
+class _Background(threading.Thread):
+    """``fn`` run in a thread; ``join`` re-raises what it raised."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error = fn, None
+        self.start()
+
+    def run(self):
+        try:
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the trial's thread by join
+            self.error = e
+
+    def join(self, timeout=None):
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
 def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
     """The Ray Tune function trainable: a unit of the sweep (``units[config["trial"]]``: one federated
     run, or a pack of them trained together), resumed from its checkpoint if any."""
@@ -172,11 +194,18 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
             return
         module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
     mark("trained")
-    final = []
-    for index, cfg, m in zip(trials, cfgs, _members(module)):
-        summary = summarize(cfg, m.history, m.diverged)
-        write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
-        final.append(final_part(summary, len(m.history)))
-    mark("artifacts")
-    reporter.report(module.trainer, module, checkpoint=True, final=final)
+    members = list(zip(trials, cfgs, _members(module)))
+    summaries = [summarize(cfg, m.history, m.diverged) for _, cfg, m in members]
+
+    def artifacts():
+        for (index, cfg, m), summary in zip(members, summaries):
+            write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
+
+    # The artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report waits for the
+    # driver to write the rows; the driver reads them only once this function has returned.
+    drawing = _Background(artifacts)
+    reporter.report(module.trainer, module, checkpoint=True,
+                    final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
     mark("reported")
+    drawing.join()
+    mark("artifacts")

@@ -610,3 +610,17 @@ def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
     assert "| algorithm.temperature=0.3 |" in text and "| algorithm.temperature=3 |" in text
     for name in ("weights_fedsoftmax.png", "settings_curves.png"):
         assert (tmp_path / "rep" / name).stat().st_size > 10_000
+
+
+def test_what_the_artifacts_thread_raises_fails_the_trial():
+    """A trial draws its artifacts in a thread beside its final report (fedsweep.trainable.run_unit);
+    an error there must still fail the trial, in the trial's own thread, once it joins."""
+    from fedsweep.trainable import _Background
+    done = []
+    _Background(lambda: done.append(1)).join()
+    assert done == [1]
+
+    def fail():
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        _Background(fail).join()
