@@ -250,3 +250,8 @@ def test_digits_read_from_scikit_learns_file_are_its_load_digits(tmp_path):
         images, target = digits_arrays(path)
         assert images.dtype == d.images.dtype and target.dtype == np.int64
         assert np.array_equal(images, d.images) and np.array_equal(target, d.target)
+    # parsed once a process, and read-only: a trial cannot change what the next one loads
+    again, _ = digits_arrays()
+    assert again is digits_arrays()[0] and not again.flags.writeable
+    with pytest.raises(ValueError):
+        again[0, 0, 0] = 1.0
