@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fedsweep.config import ConfigError, RunConfig
@@ -145,24 +145,13 @@ def final_part(summary: dict, rounds: int) -> dict:
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
-class _Background(threading.Thread):
-    """``fn`` run in a thread; ``join`` re-raises what it raised."""
-
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.error = fn, None
-        self.start()
-
-    def run(self):
-        try:
-            self.fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the trial's thread by join
-            self.error = e
-
-    def join(self, timeout=None):
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
+def _report_while_drawing(report, draw) -> None:
+    """``report()`` while ``draw()`` runs in a thread; returns once both have, raising what either
+    raised (the report's error first; the drawing is waited for either way)."""
+    with ThreadPoolExecutor(1) as pool:
+        drawing = pool.submit(draw)
+        report()
+        drawing.result()
 
 
 def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
@@ -201,11 +190,12 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
         for (index, cfg, m), summary in zip(members, summaries):
             write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
 
+    def report():
+        reporter.report(module.trainer, module, checkpoint=True,
+                        final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
+        mark("reported")
+
     # The artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report waits for the
     # driver to write the rows; the driver reads them only once this function has returned.
-    drawing = _Background(artifacts)
-    reporter.report(module.trainer, module, checkpoint=True,
-                    final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
-    mark("reported")
-    drawing.join()
+    _report_while_drawing(report, artifacts)
     mark("artifacts")
