@@ -4,15 +4,13 @@ It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`,
 :func:`fedsweep.pack.train_packed` for a pack), reports at every evaluation (so ASHA can stop it),
 and keeps its Lightning checkpoint at a stable path, ``<sweep>/trial_checkpoints/<trial id>.ckpt``
 (replaced atomically), so a retried or resumed trial continues from there. Each report carries,
-per sweep trial of the unit, the metric rows since the last report; after a pack's final report,
-more reports name the members whose artifacts are drawn, for the driver to close their runs while
-the rest are drawn. Only the driver writes MLflow (:mod:`fedsweep.tune_callbacks`).
+per sweep trial of the unit, the metric rows since the last report; only the driver writes MLflow
+(:mod:`fedsweep.tune_callbacks`).
 """
 from __future__ import annotations
 
 import math
 import os
-import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -113,23 +111,7 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
             if checkpoint:   # before the report: the driver reads it when the trial completes
                 self.save(trainer)
             self.last = time.monotonic()
-            if final:        # what report_closing repeats
-                self.final_result = {**metrics, "members": {k: {n: v for n, v in part.items() if n != "rows"}
-                                                            for k, part in metrics["members"].items()}}
             tune.report(metrics)
-
-        def report_closing(self, indices: list[int], last: bool):
-            """After the final report of a pack: its members ``indices`` have their artifacts drawn, and
-            the driver closes their MLflow runs (``close``) while the worker draws the next ones. Tune
-            keeps a trial's last report as its result, so the ``last`` of these repeats every member's
-            final part (without rows): how each ended, for the driver and the progress lines."""
-            from ray import tune
-            final = self.final_result
-            members = dict(final["members"]) if last else {}
-            for index in indices:
-                members[str(index)] = {"status": final["members"][str(index)]["status"],
-                                       **members.get(str(index), {}), "close": True}
-            tune.report({**final, "members": members})
 
         def report_failed_only(self):
             """Every member of the pack was left out: the unit ends here."""
@@ -163,37 +145,12 @@ def final_part(summary: dict, rounds: int) -> dict:
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
-def _report_while_drawing(report, draws: list, close=None) -> None:
-    """``report()`` while ``draws`` (one function a member of the unit) run one after another in a
-    thread. With ``close``, once the report has returned, ``close(positions, last)`` names the members
-    drawn since, in batches (the driver closes a pack's runs while the next are drawn); the ``last``
-    batch ends with the last member. Returns once all is done, raising what the report, a drawing or
-    ``close`` raised (the report's error first); the drawing is waited for either way."""
-    drawn = queue.SimpleQueue()
-
-    def draw_all():
-        try:
-            for position, draw in enumerate(draws):
-                draw()
-                drawn.put(position)
-        finally:
-            drawn.put(None)   # the end, whether all were drawn or one raised
-
+def _report_while_drawing(report, draw) -> None:
+    """``report()`` while ``draw()`` runs in a thread; returns once both have, raising what either
+    raised (the report's error first; the drawing is waited for either way)."""
     with ThreadPoolExecutor(1) as pool:
-        drawing = pool.submit(draw_all)
+        drawing = pool.submit(draw)
         report()
-        # Each batch is a round trip to the driver: all drawn since the last, at least ~1/16 of the
-        # pack (or what is left), so that a pack of 144 takes ~16 of them.
-        batch, ended, at_least = [], close is None, max(1, len(draws) // 16)
-        while not ended:
-            got = [drawn.get()]
-            while not drawn.empty():
-                got.append(drawn.get())
-            ended = got[-1] is None
-            batch += [p for p in got if p is not None]
-            if batch and (ended or len(batch) >= at_least):
-                close(batch, last=batch[-1] == len(draws) - 1)
-                batch = []
         drawing.result()
 
 
@@ -229,23 +186,16 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     members = list(zip(trials, cfgs, _members(module)))
     summaries = [summarize(cfg, m.history, m.diverged) for _, cfg, m in members]
 
-    def artifacts(member, summary):
-        index, cfg, m = member
-        return lambda: write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index),
-                                       log_model=False)
+    def artifacts():
+        for (index, cfg, m), summary in zip(members, summaries):
+            write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
 
     def report():
         reporter.report(module.trainer, module, checkpoint=True,
                         final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
         mark("reported")
 
-    def close(positions: list[int], last: bool):
-        reporter.report_closing([members[p][0] for p in positions], last)
-
-    # The artifacts (mostly curves.png, ~25 ms a run) are drawn while the final report waits for the
-    # driver to write the rows. A single run's are read by the driver once this function has returned;
-    # a pack's members are closed as they are drawn, while the worker draws the rest (the driver's
-    # ~20 ms a run would otherwise all come after the pack's drawing).
-    _report_while_drawing(report, [artifacts(*ms) for ms in zip(members, summaries)],
-                          close if len(members) > 1 else None)
+    # The artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report waits for the
+    # driver to write the rows; the driver reads them only once this function has returned.
+    _report_while_drawing(report, artifacts)
     mark("artifacts")

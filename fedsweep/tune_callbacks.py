@@ -4,7 +4,7 @@
   run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
   ``fedsweep.trial`` tags after a ``--resume``; metric rows written at most every ``FLUSH_SECONDS``
   per run; at the end, the artifacts the worker rendered (or, for a stopped or failed trial, ones
-  made from its last checkpoint), a pack's members one by one as its worker reports them drawn;
+  made from its last checkpoint);
 - a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
   ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
 - ``make_progress_callback``: a line per finished trial and a status line every 10 s.
@@ -155,9 +155,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose,
                     self.engine_param[key] = part["engine"]                # with the next rows written
                     self.engine_logged.add(key)
-                if part.get("close"):   # a pack's member, drawn: its run ends now (trainable.report_closing)
-                    self._finish(trial, int(index), self.final[key], self.errors.get(key, ""))
-                elif time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
                     self.flush(key)
 
         def on_experiment_end(self, trials, **info):

@@ -617,49 +617,10 @@ def test_what_the_artifacts_thread_raises_fails_the_trial():
     an error there must still fail the trial, in the trial's own thread, once both are done."""
     from fedsweep.trainable import _report_while_drawing
     done = []
-    _report_while_drawing(lambda: done.append("report"), [lambda: done.append(1), lambda: done.append(2)])
-    assert sorted(d for d in done if d != "report") == [1, 2] and "report" in done
+    _report_while_drawing(lambda: done.append("report"), lambda: done.append(1))
+    assert done.count(1) == 1 and "report" in done
 
     def fail():
         raise OSError("disk full")
     with pytest.raises(OSError, match="disk full"):
-        _report_while_drawing(lambda: None, [fail])
-
-
-def test_a_packs_members_are_closed_as_they_are_drawn():
-    """After a pack's final report, the worker names the members whose artifacts are drawn, in
-    batches, while it draws the rest: each member once, in order, the last batch marked last, and
-    none named before its drawing is done. A drawing that raises ends the batches (those drawn before
-    it are still named) and fails the trial."""
-    import threading
-
-    from fedsweep.trainable import _report_while_drawing
-    drawn, closed, lasts, overlapped = set(), [], [], []
-    slow = threading.Event()
-
-    def draw(i):
-        def run():
-            if i == 5:   # drawn only once member 4 is closed: the closing overlaps the drawing
-                overlapped.append(slow.wait(10))
-            drawn.add(i)
-        return run
-
-    def close(positions, last):
-        assert set(positions) <= drawn
-        closed.extend(positions)
-        lasts.append(last)
-        if 4 in positions:
-            slow.set()
-    _report_while_drawing(lambda: None, [draw(i) for i in range(40)], close)
-    assert closed == list(range(40)) and lasts[-1] and not any(lasts[:-1]) and overlapped == [True]
-
-    def fail_at(i):
-        def run():
-            if i == 30:
-                raise OSError("disk full")
-        return run
-    closed.clear()
-    with pytest.raises(OSError, match="disk full"):
-        _report_while_drawing(lambda: None, [fail_at(i) for i in range(40)],
-                              lambda positions, last: closed.extend(positions))
-    assert closed == list(range(30))
+        _report_while_drawing(lambda: None, fail)
