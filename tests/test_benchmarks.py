@@ -85,6 +85,8 @@ def test_sweep_benchmark(tmp_path):
         assert got[run]["trials"] == 2 and got[run]["statuses"] == ["finished"]
         assert 0 < got[run]["startup_s"] < got[run]["wall_s"]
         assert got[run]["over_parallel_s"] == pytest.approx(got[run]["wall_s"] - got["in_parallel"]["wall_s"])
+        assert got[run]["over_goal_s"] == pytest.approx(got[run]["wall_s"] - got["goal_wall_s"])
+        assert got[run]["over_goal_s_all"] == [pytest.approx(got[run]["over_goal_s"])]
         workers = got[run]["workers"]                        # each Ray worker's trials, phase by phase
         assert sum(w["units"] for w in workers) == (2 if run == "unpacked" else 1)
         for w in workers:
@@ -117,9 +119,13 @@ def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
         for run in ("unpacked", "packed"):
             assert len(res[run]["wall_s_all"]) == 2 and res[run]["wall_s"] in res[run]["wall_s_all"]
             assert res[run]["trials"] == 2 and res[run]["statuses"] == ["finished"]
+            # each repeat's sweep against the goal from the in-process sum measured beside it
+            assert res[run]["over_goal_s_all"] == [pytest.approx(w - (1.3 * t / got["concurrency"] + 10)) for t, w
+                                                   in zip(res["in_process"]["sum_s_all"], res[run]["wall_s_all"])]
     order = [line.split("]")[1].split(":")[0].strip() for line in proc.stdout.splitlines() if line.startswith("[")]
     assert order[:4] == ["baseline in_process", "now in_process", "baseline in_parallel", "now in_parallel"]
     assert len(order) == 16
+    assert proc.stdout.count(f"against the goal (≤ 1.3 × sum / {got['concurrency']} + 10 s): ") == 4
 
 
 def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):
