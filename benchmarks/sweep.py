@@ -22,7 +22,8 @@ Measured, in this order, each on the same machine with nothing else running:
    report: the wait for the driver, while the artifacts are drawn beside it), waiting for the
    artifacts the report left to draw, and between trials (Tune's gap); then
    ``fedsweep report`` of the sweep, from its store;
-5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4.
+5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4 (not
+   for a sweep with a scheduler, beside which fedsweep refuses ``pack:``).
 
 Steps 2–5 run ``--repeat`` times, in turn (2, 3, 4, 5, 2, 3, ...), and the medians are reported
 with every value. With ``--baseline DIR`` (another checkout of fedsweep, e.g. ``git worktree add
@@ -254,6 +255,8 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
         print(f"{label}in process, {concurrency} at once: wall {r['wall_s']:.1f} s"
               + (f" ({r['scaling']:.2f} of perfect scaling)" if "scaling" in r else ""), flush=True)
     for name in ("unpacked", "packed"):
+        if not samples[name]:   # a sweep with a scheduler is not packed
+            continue
         r = res[name] = _median(samples[name], MEASURE[name])
         if "in_process" in res:
             r["per_trial_overhead_s"] = ((r["wall_s"] - r["startup_s"]) * concurrency / r["trials"]
@@ -279,8 +282,9 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                   f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, final reports {w['final_report_s']:.2f} s, "
                   f"artifacts {w['artifacts_s']:.2f} s (after the reports; before them in older checkouts), "
                   f"between trials {w['between_trials_s']:.2f} s", flush=True)
-    res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
-    print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
+    if "packed" in res:
+        res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
+        print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
 
 
 def main(argv=None) -> int:
@@ -338,11 +342,17 @@ def main(argv=None) -> int:
 
     codes = {"now": None, **({"baseline": args.baseline} if args.baseline else {})}
     samples: dict = {c: {step: [] for step in MEASURE} for c in codes}
+    skipped = {"in_process", "in_parallel"} if args.skip_in_process else set()
+    if sweep.scheduler is not None:   # fedsweep refuses `pack:` beside a scheduler (docs/sweeps.md)
+        skipped.add("packed")
+        out["pack"] = None
+        print(f"packed: not measured: {args.sweep} has a scheduler ({sweep.scheduler.kind}), and a pack "
+              "trains its configs to the end together", flush=True)
     threads = max(int(sweep.resources.cpu), 1)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for step in MEASURE:
-                if step in ("in_process", "in_parallel") and args.skip_in_process:
+                if step in skipped:
                     continue
                 for c in sorted(codes, key=lambda c: c != "baseline"):   # the baseline first, each time
                     r = (in_process_sum(args.sweep, threads, codes[c]) if step == "in_process" else

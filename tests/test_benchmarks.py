@@ -128,6 +128,21 @@ def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
     assert proc.stdout.count(f"against the goal (≤ 1.3 × sum / {got['concurrency']} + 10 s): ") == 4
 
 
+@pytest.mark.slow   # ~40 s: one real sweep and three `fedsweep run`s
+def test_sweep_benchmark_of_a_sweep_with_a_scheduler_measures_it_unpacked(tmp_path):
+    """fedsweep refuses `pack:` beside a scheduler: the benchmark says so and measures the rest."""
+    sweep = tmp_path / "a.yaml"
+    sweep.write_text(yaml.safe_dump({**TINY, "name": "a", "grid": {"local.lr": [0.05, 0.1]}, "methods": {"fedavg": {}},
+                                     "scheduler": {"kind": "asha", "metric": "test/accuracy", "grace_period": 2}}))
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--skip-in-process",
+                           "--json", str(out)], check=True, capture_output=True, text=True, cwd=tmp_path)
+    assert "packed: not measured: " in proc.stdout and "has a scheduler (asha)" in proc.stdout
+    got = json.loads(out.read_text())
+    assert got["pack"] is None and "packed" not in got and "packed_speedup" not in got
+    assert got["unpacked"]["trials"] == 2 and got["unpacked"]["wall_s"] > 0
+
+
 def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), "x.yaml", "--baseline", str(tmp_path)],
                           capture_output=True, text=True, cwd=tmp_path)
