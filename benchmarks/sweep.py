@@ -164,6 +164,8 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
     workers = []
     for path in sorted(folder.glob("*.txt")):
         marks = [(float(t), phase) for t, phase in (line.split() for line in path.read_text().splitlines())]
+        checkpoints = sum(phase == "checkpoint" for _, phase in marks)   # written inside the phases below
+        marks = [(t, phase) for t, phase in marks if phase != "checkpoint"]
         spent = {"training_s": 0.0, "artifacts_s": 0.0, "final_report_s": 0.0, "between_trials_s": 0.0}
         into = {"trained": "training_s", "artifacts": "artifacts_s", "reported": "final_report_s",
                 "start": "between_trials_s"}
@@ -173,7 +175,7 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
             if phase != "start" or before in ("artifacts", "reported"):
                 spent[into[phase]] += t1 - t0
         workers.append({"units": sum(p == "start" for _, p in marks), "first_start_s": marks[0][0] - start,
-                        "last_end_s": marks[-1][0] - start, **spent,
+                        "last_end_s": marks[-1][0] - start, **spent, "checkpoints": checkpoints,
                         "marks": [[round(t - start, 4), phase] for t, phase in marks]})
     return workers
 
@@ -279,7 +281,9 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                   + (f" (each repeat against its own sum: {each} s)" if repeat > 1 else ""), flush=True)
         for w in r.get("workers", []):
             print(f"{label}  a worker: {w['units']} Tune trials from {w['first_start_s']:.1f} s to "
-                  f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s, final reports {w['final_report_s']:.2f} s, "
+                  f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s"
+                  + (f" ({w['checkpoints']} checkpoints)" if w.get("checkpoints") else "")
+                  + f", final reports {w['final_report_s']:.2f} s, "
                   f"artifacts {w['artifacts_s']:.2f} s (after the reports; before them in older checkouts), "
                   f"between trials {w['between_trials_s']:.2f} s", flush=True)
     if "packed" in res:

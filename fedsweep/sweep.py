@@ -75,7 +75,9 @@ class SweepConfig(_Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: what resources allow).")
     max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
-    checkpoint_every: int = Field(1, ge=1, description="Evaluations between trial checkpoints.")
+    checkpoint_every: int = Field(1, ge=1, description=(
+        "Evaluations between trial checkpoints, at least: a checkpoint goes with a report to Tune, and "
+        "without a scheduler a trial reports at most once a second (a shorter trial writes only its final one)."))
     scheduler: SchedulerConfig | None = None
     pack: int | Literal["seeds"] | None = Field(
         None, description="Train several configs in one trial (docs/sweeps.md, Packed trials): `seeds` packs the "

@@ -42,11 +42,13 @@ def test_worker_timelines_and_their_plot(tmp_path, monkeypatch):
     mark = _phase_marks()
     start = time.time()
     for _ in range(3):                               # three trials of one worker
-        for phase in ("start", "trained", "reported", "artifacts"):
+        for phase in ("start", "checkpoint", "trained", "checkpoint", "reported", "artifacts"):
             time.sleep(0.01)
             mark(phase)
     (worker,) = bench.worker_timelines(folder, start)
+    # checkpoints are counted; the phases they fall in stay whole
     assert worker["units"] == 3 and [p for _, p in worker["marks"]] == ["start", "trained", "reported", "artifacts"] * 3
+    assert worker["checkpoints"] == 6 and worker["training_s"] > 0.05 and worker["final_report_s"] > 0.05
     times = [t for t, _ in worker["marks"]]
     assert times == sorted(times) and times[0] == pytest.approx(worker["first_start_s"], abs=1e-3)
     assert worker["training_s"] > 0.02 and worker["between_trials_s"] > 0.01

@@ -539,6 +539,8 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("FEDSWEEP_TIMELINE", str(tmp_path / "timeline"))   # each trial's phases and checkpoints
+    (tmp_path / "timeline").mkdir()
     write_mnist(tmp_path / "data", n_train=4)
     base = {**TINY["base"], "rounds": 8, "clients_per_round": 8, "eval": {"every": 2},
             "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"}, "root": str(tmp_path / "data")},
@@ -563,6 +565,13 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
               for r in runs}
     assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
                       ("mnist", "0.5"): "failed", ("mnist", "1e-06"): "failed"}
+    # With a scheduler a trial reports every evaluation, and checkpoints every `checkpoint_every` (1)
+    # of them: the finished trial at rounds 2, 4 and 6, then before its final report (after which
+    # ASHA may stop it at once; the driver then makes its artifacts from that checkpoint).
+    phases = " ".join(line.split()[1] for f in (tmp_path / "timeline").glob("*.txt")
+                      for line in f.read_text().splitlines())
+    trials = [t.split() for t in phases.split("start") if t.strip()]
+    assert ["checkpoint"] * 3 + ["trained", "checkpoint"] in [t[:5] for t in trials]
     for r in runs:
         if r.data.tags["fedsweep.status"] == "failed":
             assert r.info.status == "FAILED" and r.data.tags["fedsweep.error"].startswith(error)

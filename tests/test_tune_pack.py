@@ -18,6 +18,8 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("FEDSWEEP_TIMELINE", str(tmp_path))   # each worker's phases and checkpoints
+    monkeypatch.setattr("fedsweep.tune.REPORT_EVERY_S", 60.0)  # without a scheduler: no report before the last
     path = write_sweep(tmp_path / "p.yaml", "p", seeds=[0, 1], pack=4)
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
@@ -27,6 +29,11 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "p: 8 trials in 2 packs" in err and "[sweep] 8 trials: 4 diverged, 4 finished" in err
     assert not ray_processes_of(os.getpgid(0))
+    # A checkpoint goes with a report: no report before the last, so none before the pack's final one
+    # (with `checkpoint_every: 1` it used to follow each of its evaluations).
+    phases = [line.split()[1] for f in tmp_path.glob("*.txt") for line in f.read_text().splitlines()]
+    assert phases.count("start") == 2 and phases.count("checkpoint") == 2
+    assert all(after == "checkpoint" for before, after in zip(phases, phases[1:]) if before == "trained")
 
     client, runs = trial_runs(uri, "p")
     assert len(runs) == 8 and len({r.data.tags["fedsweep.pack"] for r in runs}) == 2
