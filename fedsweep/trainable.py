@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,15 +26,27 @@ def trial_checkpoint(ckpt_dir: str | Path, trial_id: str) -> Path:
 
 def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
     """Where a finished trial's worker leaves its MLflow artifacts for the driver to log: rendering
-    them (curves.png) is ~0.2 s a trial, done in parallel here rather than one after another in the
-    driver."""
+    them (mostly curves.png, ~20 ms a run) is done in parallel here rather than one after another in
+    the driver. The folder appears whole or not at all (:func:`_write_whole`)."""
     return Path(ckpt_dir).parent / "trial_artifacts" / trial_id / str(index)
+
+
+def _write_whole(write, target: Path) -> None:
+    """``write(folder)`` into a staging folder beside ``target``, then renamed to it: the driver, which
+    logs ``target`` once it finds its summary.json, never sees a folder half written (it once logged
+    summary.json before curves.png existed)."""
+    staging = target.with_name(target.name + ".drawing")
+    shutil.rmtree(staging, ignore_errors=True)
+    write(staging)
+    shutil.rmtree(target, ignore_errors=True)   # an earlier attempt's, if one was drawn
+    staging.rename(target)
 
 
 def _phase_marks():
     """When ``FEDSWEEP_TIMELINE`` names a folder (``benchmarks/sweep.py`` sets it), a trial appends
     the time each of its phases ends (``start``, ``trained``, ``reported``: the final report, with
-    the artifacts drawn beside it; ``artifacts``: the drawing left when the report returned), and
+    the artifacts drawn beside it; ``artifacts``: the drawing left when the report returned; with a
+    scheduler ``artifacts`` comes before ``reported``, and a trial stopped there has no ``reported``), and
     each ``checkpoint`` it wrote (in training, and before its final report), to
     ``<folder>/<worker pid>.txt``: where a worker's time goes, trial after trial. Otherwise nothing."""
     folder = os.environ.get("FEDSWEEP_TIMELINE")
@@ -194,14 +207,23 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
 
     def artifacts():
         for (index, cfg, m), summary in zip(members, summaries):
-            write_artifacts(cfg, m, summary, trial_artifacts(config["ckpt_dir"], trial_id, index), log_model=False)
+            _write_whole(lambda folder: write_artifacts(cfg, m, summary, folder, log_model=False),
+                         trial_artifacts(config["ckpt_dir"], trial_id, index))
 
     def report():
         reporter.report(module.trainer, module, checkpoint=True,
                         final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
         mark("reported")
 
-    # The artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report waits for the
-    # driver to write the rows; the driver reads them only once this function has returned.
-    _report_while_drawing(report, artifacts)
-    mark("artifacts")
+    if config.get("scheduler", config.get("report_every_s", 0.0) == 0.0):
+        # A scheduler may stop the trial at its final report (ASHA does at max_t: every trial that
+        # runs all its rounds), and Tune then closes its run at once, before this function returns:
+        # the artifacts must be there before the report.
+        artifacts()
+        mark("artifacts")
+        report()
+    else:
+        # Otherwise the artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report
+        # waits for the driver to write the rows; the driver reads them once this function returns.
+        _report_while_drawing(report, artifacts)
+        mark("artifacts")

@@ -286,7 +286,8 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
     ckpt_dir = str(root / sweep.name / "trial_checkpoints")
     param_space = {"trial": tune.grid_search(list(range(len(units)))),
                    "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir,
-                   "report_every_s": 0.0 if scheduler is not None else REPORT_EVERY_S}
+                   "report_every_s": 0.0 if scheduler is not None else REPORT_EVERY_S,
+                   "scheduler": scheduler is not None}   # it may stop a trial at any report
     return tune.Tuner(
         _trainable(sweep, payloads, units), param_space=param_space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,

@@ -560,23 +560,28 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| best .* \| \d+ s$", printed.err, re.M)
     assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
-    _, runs = trial_runs(uri, "a")
+    client, runs = trial_runs(uri, "a")
     status = {(r.data.params["data.name"], r.data.params["local.lr"]): r.data.tags["fedsweep.status"]
               for r in runs}
     assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
                       ("mnist", "0.5"): "failed", ("mnist", "1e-06"): "failed"}
     # With a scheduler a trial reports every evaluation, and checkpoints every `checkpoint_every` (1)
-    # of them: the finished trial at rounds 2, 4 and 6, then before its final report (after which
-    # ASHA may stop it at once; the driver then makes its artifacts from that checkpoint).
+    # of them: the finished trial at rounds 2, 4 and 6, then before its final report. ASHA stops it
+    # at that report (round 8 = max_t), and Tune closes its run at once, before the trial's function
+    # returns: its artifacts are drawn before the report.
     phases = " ".join(line.split()[1] for f in (tmp_path / "timeline").glob("*.txt")
                       for line in f.read_text().splitlines())
     trials = [t.split() for t in phases.split("start") if t.strip()]
-    assert ["checkpoint"] * 3 + ["trained", "checkpoint"] in [t[:5] for t in trials]
+    assert ["checkpoint"] * 3 + ["trained", "artifacts", "checkpoint"] in [t[:6] for t in trials]
     for r in runs:
         if r.data.tags["fedsweep.status"] == "failed":
             assert r.info.status == "FAILED" and r.data.tags["fedsweep.error"].startswith(error)
-        else:
+        else:   # the finished run's from its worker, the stopped one's from its checkpoint: all of them
             assert "fedsweep.error" not in r.data.tags
+            arts = {a.path: a.file_size for a in client.list_artifacts(r.info.run_id)}
+            assert {"config.yaml", "metrics.csv", "summary.json", "curves.png"} <= set(arts), arts
+            png = Path(download_artifacts(run_id=r.info.run_id, artifact_path="curves.png", tracking_uri=uri))
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.read_bytes().endswith(b"IEND\xaeB`\x82")
     assert main(["report", path, "--out", "rep"]) == 0               # the others are scored, the error listed
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Failed trials" in text and f"| 2 | `{error}" in text
@@ -633,3 +638,29 @@ def test_what_the_artifacts_thread_raises_fails_the_trial():
         raise OSError("disk full")
     with pytest.raises(OSError, match="disk full"):
         _report_while_drawing(lambda: None, fail)
+
+
+def test_a_trials_artifacts_appear_whole_or_not_at_all(tmp_path):
+    """The driver logs a trial's artifact folder once it finds its summary.json; with a scheduler Tune
+    closes the run while the trial's worker may still be busy, and a folder half written was logged
+    without curves.png. The worker writes a staging folder and renames it."""
+    from fedsweep.trainable import _write_whole
+    target = tmp_path / "trial_artifacts" / "t0" / "3"
+
+    def draw(label, fail=False):
+        def write(folder):
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(label)
+            assert not target.exists() or (target / "summary.json").read_text() != label
+            if fail:
+                raise OSError("disk full")
+            (folder / "curves.png").write_text(label)
+        return write
+
+    with pytest.raises(OSError, match="disk full"):
+        _write_whole(draw("first", fail=True), target)
+    assert not target.exists()                        # nothing the driver could take for a whole folder
+    _write_whole(draw("second"), target)
+    _write_whole(draw("third"), target)              # a retried trial's replaces the earlier whole
+    assert sorted(p.name for p in target.parent.iterdir()) == ["3"]
+    assert {p.name: p.read_text() for p in target.iterdir()} == {"summary.json": "third", "curves.png": "third"}
