@@ -76,8 +76,9 @@ class SweepConfig(_Strict):
     max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: what resources allow).")
     max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
     checkpoint_every: int = Field(1, ge=1, description=(
-        "Evaluations between trial checkpoints, at least: a checkpoint goes with a report to Tune, and "
-        "without a scheduler a trial reports at most once a second (a shorter trial writes only its final one)."))
+        "Evaluations between trial checkpoints, at least, without a scheduler: a checkpoint goes with a report to "
+        "Tune, and a trial reports at most once a second (a shorter trial writes only its final one). With a "
+        "scheduler every report (every evaluation) carries one: a stopped run's artifacts are made from it."))
     scheduler: SchedulerConfig | None = None
     pack: int | Literal["seeds"] | None = Field(
         None, description="Train several configs in one trial (docs/sweeps.md, Packed trials): `seeds` packs the "

@@ -66,16 +66,21 @@ def _members(module) -> list:
 
 
 def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0,
-                   failed: dict[int, str] | None = None):
+                   failed: dict[int, str] | None = None, scheduled: bool = False):
     """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
     holds, per trial index, the metric rows since the last report (``members``). Reports come at
     evaluations, at most one per ``min_interval`` seconds (0 with a scheduler, which decides at every
     evaluation; without one, each report costs a round trip to the driver and nothing is gained by
-    sending rows one evaluation at a time). A checkpoint goes with a report, once ``checkpoint_every``
-    evaluations have passed since the last one: every ``checkpoint_every`` evaluations with a
-    scheduler, and without one no more often than reports. A checkpoint only saves a retried or
+    sending rows one evaluation at a time).
+
+    A checkpoint goes with a report, once ``checkpoint_every`` evaluations have passed since the last
+    one, so without a scheduler no more often than reports: a checkpoint only saves a retried or
     resumed trial the rounds since it, and a sweeps/fedlga.yaml trial (0.35 s, evaluating every
-    5 rounds, ``checkpoint_every: 4``) wrote 4 of them before its final one, 2.9 ms each.
+    5 rounds, ``checkpoint_every: 4``) wrote 4 of them before its final one, 2.9 ms each. With a
+    scheduler (``scheduled``) every report carries one: the scheduler may stop the trial at any
+    report, and the driver makes a stopped run's artifacts and summary from its checkpoint, which
+    must hold every round reported (with ``checkpoint_every: 4`` a trial stopped at its third
+    evaluation had none, and its run no artifacts or summary).
     ``failed``: members of a pack left out before training (index -> error), in every report."""
     failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}
     mark = _phase_marks()
@@ -99,7 +104,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
                    and not m.diverged for m in _members(module)):
                 self.evals += 1
                 if time.monotonic() - self.last >= min_interval:
-                    self.report(trainer, module, checkpoint=self.evals - self.saved >= checkpoint_every)
+                    self.report(trainer, module,
+                                checkpoint=scheduled or self.evals - self.saved >= checkpoint_every)
 
         def save(self, trainer):
             ckpt_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,8 +195,10 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     trial_id = tune.get_context().get_trial_id()
     ckpt = trial_checkpoint(config["ckpt_dir"], trial_id)
     resume = ckpt if ckpt.is_file() else None
+    scheduled = config.get("scheduler", config.get("report_every_s", 0.0) == 0.0)   # it may stop a trial at any report
     if len(cfgs) == 1:
-        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0))
+        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0),
+                                  scheduled=scheduled)
         module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
     else:
         from fedsweep.pack import train_packed
@@ -215,7 +223,7 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
                         final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
         mark("reported")
 
-    if config.get("scheduler", config.get("report_every_s", 0.0) == 0.0):
+    if scheduled:
         # A scheduler may stop the trial at its final report (ASHA does at max_t: every trial that
         # runs all its rounds), and Tune then closes its run at once, before this function returns:
         # the artifacts must be there before the report.

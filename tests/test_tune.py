@@ -1,4 +1,5 @@
 """`fedsweep tune` through a real Ray Tune run into a real (temporary) MLflow store."""
+import csv
 import json
 import math
 import os
@@ -547,7 +548,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
             "model": {"name": "mlp", "hidden": 64}}
     path = write_sweep(tmp_path / "a.yaml", "a", base=base, methods={"fedavg": {}}, seeds=[0],
                        grid={"data.name": ["digits", "mnist"], "local.lr": [0.5, 1.0e-6]},
-                       max_concurrent=1, max_failures=1,
+                       max_concurrent=1, max_failures=1, checkpoint_every=4,
                        scheduler={"kind": "asha", "metric": "test/accuracy", "mode": "max",
                                   "grace_period": 2, "reduction_factor": 2})
     assert main(["tune", path]) == 4
@@ -565,10 +566,11 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
               for r in runs}
     assert status == {("digits", "0.5"): "finished", ("digits", "1e-06"): "stopped",
                       ("mnist", "0.5"): "failed", ("mnist", "1e-06"): "failed"}
-    # With a scheduler a trial reports every evaluation, and checkpoints every `checkpoint_every` (1)
-    # of them: the finished trial at rounds 2, 4 and 6, then before its final report. ASHA stops it
-    # at that report (round 8 = max_t), and Tune closes its run at once, before the trial's function
-    # returns: its artifacts are drawn before the report.
+    # With a scheduler a trial reports every evaluation, each with a checkpoint (whatever
+    # `checkpoint_every` says: the laggard is stopped before its 4th): the finished trial at rounds
+    # 2, 4 and 6, then before its final report. ASHA stops it at that report (round 8 = max_t), and
+    # Tune closes its run at once, before the trial's function returns: its artifacts are drawn
+    # before the report.
     phases = " ".join(line.split()[1] for f in (tmp_path / "timeline").glob("*.txt")
                       for line in f.read_text().splitlines())
     trials = [t.split() for t in phases.split("start") if t.strip()]
@@ -582,6 +584,10 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
             assert {"config.yaml", "metrics.csv", "summary.json", "curves.png"} <= set(arts), arts
             png = Path(download_artifacts(run_id=r.info.run_id, artifact_path="curves.png", tracking_uri=uri))
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.read_bytes().endswith(b"IEND\xaeB`\x82")
+            csv_rows = Path(download_artifacts(run_id=r.info.run_id, artifact_path="metrics.csv", tracking_uri=uri))
+            evals = [h.step for h in client.get_metric_history(r.info.run_id, "test/accuracy")]
+            assert [int(row["round"]) for row in csv.DictReader(csv_rows.open()) if row["test/accuracy"]] \
+                == sorted(evals) and r.data.metrics["summary/rounds"] == max(evals)   # every round reported
     assert main(["report", path, "--out", "rep"]) == 0               # the others are scored, the error listed
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Failed trials" in text and f"| 2 | `{error}" in text
