@@ -20,7 +20,7 @@ from fedsweep.config import (ConfigError, RunConfig, build_config, format_valida
                              register_models, set_dotted)
 
 
-#: What every trial reports to Tune at each evaluation (``TuneReporter.report`` in tune.py), so what a
+#: What every report of a trial to Tune holds (``TuneReporter.report`` in trainable.py), so what a
 #: scheduler may read; ``round`` is reported too, as the scheduler's time axis.
 TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy")
 
@@ -31,10 +31,11 @@ class _Strict(BaseModel):
 
 class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
-    metric: str = Field("test/accuracy", description="Metric reported at each evaluation: "
-                        + ", ".join(TUNE_METRICS) + ".")
+    metric: str = Field("test/accuracy", description="Metric ASHA compares at its rungs, as of the last "
+                        "evaluation: " + ", ".join(TUNE_METRICS) + ".")
     mode: Literal["max", "min"] = Field("max", description="Whether larger `metric` is better.")
-    grace_period: int = Field(10, ge=1, description="Rounds before a trial may be stopped.")
+    grace_period: int = Field(10, ge=1, description="Rounds before a trial may be stopped: ASHA's first rung "
+                              "(the others at grace_period × η^k, up to the most rounds of any trial).")
     reduction_factor: float = Field(3.0, gt=1, description="ASHA's η: keep the top 1/η at each rung.")
 
 
@@ -78,7 +79,8 @@ class SweepConfig(_Strict):
     checkpoint_every: int = Field(1, ge=1, description=(
         "Evaluations between trial checkpoints, at least, without a scheduler: a checkpoint goes with a report to "
         "Tune, and a trial reports at most once a second (a shorter trial writes only its final one). With a "
-        "scheduler every report (every evaluation) carries one: a stopped run's artifacts are made from it."))
+        "scheduler every report (at ASHA's rungs, and at most once a second) carries one: a stopped run's "
+        "artifacts are made from it."))
     scheduler: SchedulerConfig | None = None
     pack: int | Literal["seeds"] | None = Field(
         None, description="Train several configs in one trial (docs/sweeps.md, Packed trials): `seeds` packs the "

@@ -1,8 +1,8 @@
 """Inside a Ray worker: one Tune trial of a sweep, a "unit" (one federated run, or a pack of them).
 
 It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`, or
-:func:`fedsweep.pack.train_packed` for a pack), reports at every evaluation (so ASHA can stop it),
-and keeps its Lightning checkpoint at a stable path, ``<sweep>/trial_checkpoints/<trial id>.ckpt``
+:func:`fedsweep.pack.train_packed` for a pack), reports at evaluations (at least where ASHA decides,
+so it can stop it), and keeps its Lightning checkpoint at a stable path, ``<sweep>/trial_checkpoints/<trial id>.ckpt``
 (replaced atomically), so a retried or resumed trial continues from there. Each report carries,
 per sweep trial of the unit, the metric rows since the last report; only the driver writes MLflow
 (:mod:`fedsweep.tune_callbacks`).
@@ -65,22 +65,47 @@ def _members(module) -> list:
     return list(module.members) if hasattr(module, "members") else [module]
 
 
+class Rungs:
+    """The rounds at which ASHA decides on a trial (its rungs), and those it has recorded the trial at,
+    as far as the trial's own reports tell. ASHA acts on a report only when its round has reached a
+    rung the trial is not recorded at: it records the trial's metric at the highest such rung and
+    stops the trial if that is below the rung's cutoff (ray.tune's ``_Bracket.on_result``); at any
+    other report it lets the trial go on. So a trial that reports at every evaluation where
+    :meth:`due` holds, and at any others it likes, gets the same decisions as one that reports at
+    every evaluation. After a retry the trial forgets what was recorded before and reports a few
+    times more than it must (what it thinks recorded always is)."""
+
+    def __init__(self, rounds):
+        self.rounds, self.recorded = sorted(rounds), set()
+
+    def due(self, round_: int) -> bool:
+        return any(m <= round_ and m not in self.recorded for m in self.rounds)
+
+    def reported(self, round_: int) -> None:
+        due = [m for m in self.rounds if m <= round_ and m not in self.recorded]
+        if due:
+            self.recorded.add(max(due))
+
+
 def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0,
-                   failed: dict[int, str] | None = None, scheduled: bool = False):
+                   failed: dict[int, str] | None = None, scheduled: bool = False, rungs: list | None = None):
     """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
     holds, per trial index, the metric rows since the last report (``members``). Reports come at
-    evaluations, at most one per ``min_interval`` seconds (0 with a scheduler, which decides at every
-    evaluation; without one, each report costs a round trip to the driver and nothing is gained by
-    sending rows one evaluation at a time).
+    evaluations, at most one per ``min_interval`` seconds: each report costs a round trip to the
+    driver, and nothing is gained by sending rows one evaluation at a time. With a scheduler
+    (``scheduled``) a trial also reports where the scheduler decides: at the first evaluation at or
+    past each of ASHA's ``rungs`` (:class:`Rungs`), or at every evaluation if they are not known. A
+    sweeps/fedlga.yaml trial under ASHA (grace period 10, η = 3: rungs at rounds 10, 30 and 90)
+    reported 19 times before its final report, each report a round trip to the driver.
 
     A checkpoint goes with a report, once ``checkpoint_every`` evaluations have passed since the last
     one, so without a scheduler no more often than reports: a checkpoint only saves a retried or
     resumed trial the rounds since it, and a sweeps/fedlga.yaml trial (0.35 s, evaluating every
     5 rounds, ``checkpoint_every: 4``) wrote 4 of them before its final one, 2.9 ms each. With a
-    scheduler (``scheduled``) every report carries one: the scheduler may stop the trial at any
-    report, and the driver makes a stopped run's artifacts and summary from its checkpoint, which
-    must hold every round reported (with ``checkpoint_every: 4`` a trial stopped at its third
-    evaluation had none, and its run no artifacts or summary).
+    scheduler every report carries one: the scheduler may stop the trial at any report, and the
+    driver makes a stopped run's artifacts and summary from its checkpoint, which must hold every
+    round reported (with ``checkpoint_every: 4`` a trial stopped at its third evaluation had none,
+    and its run no artifacts or summary).
     ``failed``: members of a pack left out before training (index -> error), in every report."""
     failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}
     mark = _phase_marks()
@@ -94,6 +119,7 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
             self.sent = [0] * len(trials)
             self.evals = self.saved = 0   # evaluations seen; and at the last checkpoint
             self.last = time.monotonic()
+            self.rungs = Rungs(rungs) if scheduled and rungs is not None else None
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             # The last round is reported once, after fit, with the summary: a scheduler may stop the
@@ -103,7 +129,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
             if any(m.history and m.rounds_done == module.rounds_done and "test/accuracy" in m.history[-1]
                    and not m.diverged for m in _members(module)):
                 self.evals += 1
-                if time.monotonic() - self.last >= min_interval:
+                decides = scheduled and (self.rungs is None or self.rungs.due(module.rounds_done))
+                if decides or time.monotonic() - self.last >= min_interval:
                     self.report(trainer, module,
                                 checkpoint=scheduled or self.evals - self.saved >= checkpoint_every)
 
@@ -136,6 +163,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
                 self.save(trainer)
                 self.saved = self.evals
             self.last = time.monotonic()
+            if self.rungs is not None:
+                self.rungs.reported(module.rounds_done)
             tune.report(metrics)
 
         def report_failed_only(self):
@@ -198,7 +227,7 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
     scheduled = config.get("scheduler", config.get("report_every_s", 0.0) == 0.0)   # it may stop a trial at any report
     if len(cfgs) == 1:
         reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0),
-                                  scheduled=scheduled)
+                                  scheduled=scheduled, rungs=config.get("rungs"))
         module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
     else:
         from fedsweep.pack import train_packed

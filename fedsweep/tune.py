@@ -32,8 +32,8 @@ STATE_FILE = "fedsweep_sweep.json"
 # (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
 # exactly the trials the sweep started with (a sweep file edited since is refused, naming the edit).
 TRIALS_FILE = "fedsweep_trials.json"
-# Without a scheduler, a trial reports to Tune at most this often (every row still arrives): a
-# report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
+# A trial reports to Tune at most this often (every row still arrives), and where a scheduler decides:
+# a report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
 REPORT_EVERY_S = 1.0
 
 
@@ -274,6 +274,17 @@ def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]])
                                {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu})
 
 
+def asha_rungs(scheduler) -> list[float] | None:
+    """The rounds at which an ASHA scheduler decides on a trial (its rungs: grace period × η^k up to
+    max_t), where each trial must report (:class:`fedsweep.trainable.Rungs`); read from the scheduler
+    itself (Ray keeps them in its brackets' ``_rungs``), so they are Ray's own to the last bit. None
+    where a Ray version keeps them elsewhere: trials then report at every evaluation."""
+    try:
+        return sorted({float(milestone) for bracket in scheduler._brackets for milestone, _ in bracket._rungs})
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -286,8 +297,9 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
     ckpt_dir = str(root / sweep.name / "trial_checkpoints")
     param_space = {"trial": tune.grid_search(list(range(len(units)))),
                    "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir,
-                   "report_every_s": 0.0 if scheduler is not None else REPORT_EVERY_S,
-                   "scheduler": scheduler is not None}   # it may stop a trial at any report
+                   "report_every_s": REPORT_EVERY_S,
+                   "scheduler": scheduler is not None,   # it may stop a trial at any report
+                   "rungs": asha_rungs(scheduler) if scheduler is not None else None}
     return tune.Tuner(
         _trainable(sweep, payloads, units), param_space=param_space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,
