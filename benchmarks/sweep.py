@@ -166,14 +166,19 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
         marks = [(float(t), phase) for t, phase in (line.split() for line in path.read_text().splitlines())]
         checkpoints = sum(phase == "checkpoint" for _, phase in marks)   # written inside the phases below
         marks = [(t, phase) for t, phase in marks if phase != "checkpoint"]
-        spent = {"training_s": 0.0, "artifacts_s": 0.0, "final_report_s": 0.0, "between_trials_s": 0.0}
+        spent = {"training_s": 0.0, "artifacts_s": 0.0, "final_report_s": 0.0, "between_trials_s": 0.0,
+                 "cut_short_s": 0.0}
         into = {"trained": "training_s", "artifacts": "artifacts_s", "reported": "final_report_s",
                 "start": "between_trials_s"}
         for (t0, before), (t1, phase) in zip(marks, marks[1:]):
             # A trial ends at its last mark ("artifacts"; "reported" in checkouts before the artifacts
-            # were drawn during the final report); a start after any other is a retried trial's crash.
+            # were drawn during the final report; with a scheduler "artifacts" comes before the report,
+            # which may stop the trial). A start right after a start: the trial before ended before its
+            # last round, stopped by a scheduler or crashed, and its time is ``cut_short_s``.
             if phase != "start" or before in ("artifacts", "reported"):
                 spent[into[phase]] += t1 - t0
+            elif before == "start":
+                spent["cut_short_s"] += t1 - t0
         workers.append({"units": sum(p == "start" for _, p in marks), "first_start_s": marks[0][0] - start,
                         "last_end_s": marks[-1][0] - start, **spent, "checkpoints": checkpoints,
                         "marks": [[round(t - start, 4), phase] for t, phase in marks]})
@@ -246,8 +251,9 @@ def goal_wall(sum_s: float, concurrency: int) -> float:
     return 1.3 * sum_s / concurrency + 10
 
 
-def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str) -> None:
-    """Medians of one code's measurements into ``res``, and their lines on stdout."""
+def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str, scheduled: bool = False) -> None:
+    """Medians of one code's measurements into ``res``, and their lines on stdout (``scheduled``: the
+    sweep has a scheduler)."""
     if samples["in_process"]:
         res["in_process"] = _median(samples["in_process"], MEASURE["in_process"])
         res["ideal_wall_s"] = res["in_process"]["sum_s"] / concurrency
@@ -289,8 +295,13 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                   f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s"
                   + (f" ({w['checkpoints']} checkpoints)" if w.get("checkpoints") else "")
                   + f", final reports {w['final_report_s']:.2f} s, "
-                  f"artifacts {w['artifacts_s']:.2f} s (after the reports; before them in older checkouts), "
-                  f"between trials {w['between_trials_s']:.2f} s", flush=True)
+                  f"artifacts {w['artifacts_s']:.2f} s ("
+                  + ("before the final reports, which a scheduler may stop a trial at, the wait then counted "
+                     "between trials" if scheduled else
+                     "after the reports; before them in older checkouts") + "), "
+                  f"between trials {w['between_trials_s']:.2f} s"
+                  + (f", trials cut short (stopped or crashed) {w['cut_short_s']:.2f} s" if w.get("cut_short_s")
+                     else ""), flush=True)
     if "packed" in res:
         res["packed_speedup"] = res["packed"]["trials_per_min"] / res["unpacked"]["trials_per_min"]
         print(f"{label}packed / unpacked trials per minute: {res['packed_speedup']:.1f}×")
@@ -371,7 +382,8 @@ def main(argv=None) -> int:
                     print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[MEASURE[step]]:.1f} s", flush=True)
     for c in codes:
         res = out if c == "now" else out.setdefault("baseline", {"code": str(Path(args.baseline).resolve())})
-        _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ")
+        _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ",
+                   scheduled=sweep.scheduler is not None)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:
