@@ -96,7 +96,7 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
     (``scheduled``) a trial also reports where the scheduler decides: at the first evaluation at or
     past each of ASHA's ``rungs`` (:class:`Rungs`), or at every evaluation if they are not known. A
     sweeps/fedlga.yaml trial under ASHA (grace period 10, η = 3: rungs at rounds 10, 30 and 90)
-    reported 19 times before its final report, each report a round trip to the driver.
+    reported 19 times before its final report, each a round trip to the driver; now 3.
 
     A checkpoint goes with a report, once ``checkpoint_every`` evaluations have passed since the last
     one, so without a scheduler no more often than reports: a checkpoint only saves a retried or
