@@ -20,7 +20,9 @@ Measured, in this order, each on the same machine with nothing else running:
    when its first trial started, and the seconds its trials spent training (the first one's
    Lightning import included), in their final report (a checkpoint, then Tune's synchronous
    report: the wait for the driver, while the artifacts are drawn beside it), waiting for the
-   artifacts the report left to draw, and between trials (Tune's gap); then
+   artifacts the report left to draw, and between trials (Tune's gap); with a scheduler the
+   artifacts come before the final report, and trials cut short (stopped, or crashed) count apart
+   (``cut_short_s``); then
    ``fedsweep report`` of the sweep, from its store;
 5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4 (not
    for a sweep with a scheduler, beside which fedsweep refuses ``pack:``).
