@@ -2,8 +2,9 @@
 
 It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`, or
 :func:`fedsweep.pack.train_packed` for a pack), reports at evaluations (at least where ASHA decides,
-so it can stop it), and keeps its Lightning checkpoint at a stable path, ``<sweep>/trial_checkpoints/<trial id>.ckpt``
-(replaced atomically), so a retried or resumed trial continues from there. Each report carries,
+so it can stop it), and keeps its Lightning checkpoint at a stable path,
+``<sweep>/trial_checkpoints/<trial id>.ckpt`` (replaced atomically), so a retried or resumed trial
+continues from there. Each report carries,
 per sweep trial of the unit, the metric rows since the last report; only the driver writes MLflow
 (:mod:`fedsweep.tune_callbacks`).
 """
@@ -78,13 +79,15 @@ class Rungs:
     def __init__(self, rounds):
         self.rounds, self.recorded = sorted(rounds), set()
 
+    def _unrecorded(self, round_: int) -> list:
+        return [m for m in self.rounds if m <= round_ and m not in self.recorded]
+
     def due(self, round_: int) -> bool:
-        return any(m <= round_ and m not in self.recorded for m in self.rounds)
+        return bool(self._unrecorded(round_))
 
     def reported(self, round_: int) -> None:
-        due = [m for m in self.rounds if m <= round_ and m not in self.recorded]
-        if due:
-            self.recorded.add(max(due))
+        if unrecorded := self._unrecorded(round_):
+            self.recorded.add(max(unrecorded))
 
 
 def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0,

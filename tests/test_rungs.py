@@ -27,8 +27,8 @@ def test_asha_rungs_are_read_from_rays_scheduler():
 def test_reports_where_asha_decides_get_every_evaluations_decisions(grace, rf, every, seed):
     """Twelve trials with random accuracy curves, interleaved, fed to two real ASHA schedulers: one
     sees every evaluation, the other only the reports the trials make with Rungs and the final one,
-    plus reports at random other evaluations (a trial also reports once a second). Each trial is stopped at the
-    same round by both, and both record the same values at the same rungs."""
+    plus reports at random other evaluations (a trial also reports once a second). Each trial is
+    stopped at the same round by both, and both record the same values at the same rungs."""
     rng = random.Random(seed)
     rounds = 200
     every_eval, rung_only = asha(grace, rf, rounds), asha(grace, rf, rounds)
