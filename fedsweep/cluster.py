@@ -16,6 +16,7 @@ sweeps (or tests) does not carry one cluster's mode into the next.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -101,6 +102,42 @@ def check_cluster(address: str) -> str:
     mode, token, where = auth_mode()
     check_auth(address, mode, token, where)
     return mode
+
+
+def _node_list(nodes: list[tuple[float, float]], most: int = 4) -> str:
+    """'1 node: 2 CPUs, 0 GPUs' / '3 nodes: 2 CPUs, 0 GPUs; 8 CPUs, 1 GPU; ...'."""
+    each = "; ".join(f"{c:g} CPUs, {g:g} GPUs" for c, g in nodes[:most]) + ("; ..." if len(nodes) > most else "")
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {each}"
+
+
+def check_trial_fits(cpu: float, gpu: float, address: str | None, source: str = "sweep") -> str | None:
+    """Whether one trial's resources (``resources.cpu``, ``resources.gpu``: one bundle, so on one
+    node) fit on a node of the running Ray cluster. Tune would otherwise wait for them for ever, and
+    its warning (after 60 s) is among the Ray logs fedsweep silences: ``gpu: 1`` on a machine
+    without a GPU hung with no word.
+
+    A local instance (no ``address``) never gains resources: a ConfigError naming the key. An
+    existing cluster may gain a node (one that joins, or an autoscaler's): the line to print while
+    the trials wait. None if a node fits."""
+    import ray
+    nodes = [(float(n["Resources"].get("CPU", 0.0)), float(n["Resources"].get("GPU", 0.0)))
+             for n in ray.nodes() if n.get("Alive")]
+    if any(c >= cpu and g >= gpu for c, g in nodes):
+        return None
+    short = [key for key, asked, i in (("resources.cpu", cpu, 0), ("resources.gpu", gpu, 1))
+             if not any(node[i] >= asked for node in nodes)] or ["resources.cpu", "resources.gpu"]
+    asked = f"a trial asks for {cpu:g} CPU{'s' if cpu != 1 else ''} and {gpu:g} GPU{'s' if gpu != 1 else ''} on one node"
+    if address is None:   # one node
+        c, g = nodes[0] if nodes else (0.0, 0.0)
+        most = {"resources.cpu": c, "resources.gpu": g}
+        counted = (" (Ray counts the GPUs that CUDA_VISIBLE_DEVICES and the NVIDIA driver show it)"
+                   if "resources.gpu" in short else "")
+        raise ConfigError(f"{source}: {' and '.join(short)}: {asked}, but this machine's Ray instance has {c:g} CPUs "
+                          f"and {g:g} GPUs{counted}, so no trial could start; set " +
+                          " and ".join(f"{k} to {'at most ' if most[k] else ''}{most[k]:g}" for k in short))
+    return (f"waiting: {asked}, and no node of the cluster at {address} has that ({_node_list(nodes)}); the "
+            f"trials start once one does (a machine that joins with `ray start --address {address}"
+            f"{f' --num-gpus {math.ceil(gpu)}' if gpu else ''}`, or a node an autoscaler adds). Ctrl-C stops the sweep")
 
 
 def _not_the_incomplete_trials(record) -> bool:

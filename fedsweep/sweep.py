@@ -40,8 +40,9 @@ class SchedulerConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
-    cpu: float = Field(1.0, gt=0, description="CPUs per trial.")
-    gpu: float = Field(0.0, ge=0, description="GPUs per trial; fractional shares one GPU (e.g. 0.25).")
+    cpu: float = Field(1.0, gt=0, description="CPUs per trial, on one node.")
+    gpu: float = Field(0.0, ge=0, description="GPUs per trial, on one node; fractional shares one GPU (e.g. "
+                       "0.25). More than any node has: refused on a local Ray instance, waited for on a cluster.")
 
 
 class SweepMlflowConfig(_Strict):

@@ -180,7 +180,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
                address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from fedsweep.cluster import ray_session
+    from fedsweep.cluster import check_trial_fits, ray_session
     from fedsweep.tracking import open_experiment, quiet_store_logs
     quiet_store_logs()   # the driver imports neither Lightning (~4 s) nor torch (~0.8 s)
     experiment = sweep.mlflow.experiment or sweep.name
@@ -191,6 +191,9 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
         store = pool.submit(open_experiment, uri, experiment)
         with ray_session(address, mode=mode) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
+            waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=str(path))
+            if waiting:
+                print(waiting, file=sys.stderr)
             client, exp_id = store.result()
             if superseded:
                 _close_superseded(client, superseded)

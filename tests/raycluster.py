@@ -85,3 +85,23 @@ def ray_head(home: Path, *, token: bool = False, num_cpus: int = 2, num_gpus: in
     finally:
         end_session(proc.pid)                          # the head's session: gcs, raylet, agents, workers
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@contextmanager
+def ray_node(home: Path, address: str, *, num_cpus: int = 1, num_gpus: int = 0):
+    """A second node joining the head at ``address`` (on this machine, in a temp dir and process
+    session of its own), ended on the way out."""
+    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
+    temp = tempfile.mkdtemp(prefix="fsnode-")
+    proc = subprocess.Popen([ray_bin, "start", "--address", address, "--node-ip-address", "127.0.0.1",
+                             "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--disable-usage-stats",
+                             "--temp-dir", temp],
+                            env=user_env(home), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-2000:]
+        yield
+    finally:
+        end_session(proc.pid)
+        shutil.rmtree(temp, ignore_errors=True)

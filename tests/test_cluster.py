@@ -3,10 +3,11 @@ HOME, nothing exported, the sweep in a subprocess. A head with no token runs wit
 a token (`ray get-auth-token --generate`) with it; fedsweep must follow either by itself."""
 import subprocess
 import sys
+import threading
 
 import yaml
 
-from raycluster import ray_head, user_env
+from raycluster import ray_head, ray_node, user_env
 from test_tune import TINY, trial_runs
 
 
@@ -70,3 +71,39 @@ def test_head_with_token_and_every_mismatch(tmp_path, tmp_path_factory):
             assert bad.returncode == 2 and len(err.splitlines()) == 1, (env, err[-1500:])
             assert err.startswith("fedsweep: error: ") and needle in err and names in err, (env, err)
             assert sorted(p.name for p in elsewhere.iterdir()) == [], env   # no store, no storage
+
+
+def test_a_trial_no_node_can_hold_waits_for_one_and_says_so(tmp_path, tmp_path_factory):
+    """A sweep asking for a GPU of a cluster that has none: Tune would wait for ever, and its warning
+    is among the Ray logs fedsweep silences (such a sweep hung with no word). The driver says at once
+    what its trials wait for; they start when a node with a GPU joins, and finish there."""
+    home = tmp_path_factory.mktemp("home")
+    with ray_head(home, num_cpus=1, num_gpus=0) as address:
+        base = {**TINY["base"], "device": "auto"}
+        path = sweep_file(tmp_path, "wait", base=base, grid={"local.lr": [0.1, 0.2]}, resources={"cpu": 1, "gpu": 1})
+        proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path, "--address", address],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=user_env(home, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+        lines, waits = [], threading.Event()
+
+        def read():
+            for line in proc.stderr:
+                lines.append(line)
+                if line.startswith("waiting: "):
+                    waits.set()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            assert waits.wait(timeout=120), "".join(lines)[-2000:]
+            assert [x for x in lines if x.startswith("waiting: ")] == [
+                f"waiting: a trial asks for 1 CPU and 1 GPU on one node, and no node of the cluster at {address} "
+                f"has that (1 node: 1 CPUs, 0 GPUs); the trials start once one does (a machine that joins with "
+                f"`ray start --address {address} --num-gpus 1`, or a node an autoscaler adds). Ctrl-C stops the "
+                "sweep\n"]
+            with ray_node(home, address, num_cpus=1, num_gpus=1):
+                assert proc.wait(timeout=300) == 0, "".join(lines)[-2000:]
+        finally:
+            proc.kill()
+            reader.join(timeout=10)
+    _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "wait")
+    assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["finished", "finished"]

@@ -532,6 +532,28 @@ def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "fedsweep_runs").exists()
 
 
+def test_resources_no_node_has_are_refused_once_ray_is_up(tmp_path):
+    """`resources` this machine's Ray instance does not have: Tune would wait for ever (such a sweep
+    hung with no word). Refused once Ray is up, in one line naming the key and what there is, before
+    any run or trial folder is made. In a process of its own with a time limit: the old hang fails
+    the test instead of stalling the suite."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cases = [({"cpu": 1, "gpu": 64}, "resources.gpu: a trial asks for 1 CPU and 64 GPUs on one node, but "
+               "this machine's Ray instance has ", "set resources.gpu to "),
+             ({"cpu": 4096, "gpu": 0}, "resources.cpu: a trial asks for 4096 CPUs and 0 GPUs on one node, "
+              "but this machine's Ray instance has ", "so no trial could start; set resources.cpu to at most ")]
+    for resources, start, end in cases:
+        path = write_sweep(tmp_path / "res.yaml", "res", resources=resources)
+        done = subprocess.run([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=180, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+        err = done.stderr.strip()
+        assert done.returncode == 2 and len(err.splitlines()) == 1, err[-2000:]
+        assert err.startswith(f"fedsweep: error: {path}: {start}") and end in err, err
+        assert not (tmp_path / "fedsweep_runs" / "res").exists()
+        _, runs = trial_runs(uri, "res")
+        assert runs == []
+
+
 def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path, monkeypatch, capsys):
     """A trial that crashes (here: more clients than its MNIST files have samples, found only once the
     data is loaded inside the trial: torchvision datasets are not made before Ray) is retried
