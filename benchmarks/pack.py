@@ -14,6 +14,15 @@ step (forward, backward and SGD update of B = 10 samples, as batched matrix prod
 for the 10·P client rows of a pack, each row with its own weights. If the time per row stays flat
 or grows with P, the device was already busy at one config and packing can only save the work
 around the arithmetic (Lightning, the plan, aggregation); if it falls, one config left it idle.
+
+``--sweep SWEEP --pack N`` times a shipped sweep's own trials instead, on ``--device``: every trial
+one after another (``fedsweep.run.train``), then the same trials in the packs ``pack: N`` makes of
+them (``fedsweep.pack.train_packed``, one pack after another), both in this process, without Ray
+or MLflow; reported as trials per minute of each and their ratio, the training side of issue 13's
+"≥ 4× the unpacked sweep's trials per minute" (a whole sweep adds Ray's and MLflow's work on the
+CPU: ``benchmarks/sweep.py``)::
+
+    python benchmarks/pack.py --device cuda --sweep sweeps/fedlga.yaml --pack 8 --json OUT
 """
 from __future__ import annotations
 
@@ -97,6 +106,43 @@ def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10
     return out
 
 
+def sweep_trials(path: str, pack, device: str, repeat: int = 1) -> dict:
+    """The trials of sweep ``path`` on ``device``, one after another and in the packs ``pack: N`` makes
+    (see the docstring); the median of ``repeat`` timings of each."""
+    import statistics
+
+    from fedsweep.pack import train_packed
+    from fedsweep.run import train
+    from fedsweep.sweep import expand, load_sweep, pack_units
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    cfgs = [t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),
+                                        "device": device}) for t in trials]
+    units = pack_units(sweep.model_copy(update={"pack": pack}), trials)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    train(cfgs[0].model_copy(update={"rounds": 2}), progress=False)      # warm-up: imports, CUDA context
+    train_packed([c.model_copy(update={"rounds": 2}) for c in cfgs[:2]])
+    one_by_one, packed = [], []
+    for i in range(repeat):
+        sync()
+        t0 = time.perf_counter()
+        for c in cfgs:
+            train(c, progress=False)
+        sync()
+        one_by_one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for unit in units:
+            train_packed([cfgs[j] for j in unit], ids=unit)
+        sync()
+        packed.append(time.perf_counter() - t0)
+        print(f"[{i + 1}/{repeat}] {len(cfgs)} trials one after another {one_by_one[-1]:.2f} s, in {len(units)} "
+              f"packs {packed[-1]:.2f} s", file=sys.stderr, flush=True)
+    a, b = statistics.median(one_by_one), statistics.median(packed)
+    return {"sweep": path, "pack": pack, "trials": len(cfgs), "packs": len(units), "one_by_one_s": one_by_one,
+            "packed_s": packed, "trials_per_min_one_by_one": 60 * len(cfgs) / a,
+            "trials_per_min_packed": 60 * len(cfgs) / b, "ratio": a / b}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -109,10 +155,24 @@ def main(argv=None) -> int:
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
                     help="the configs' matmul_precision, and the arithmetic's (high: TF32 on NVIDIA tensor cores)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own; a sweep's worker runs 1)")
+    ap.add_argument("--sweep", help="time this sweep file's own trials instead (see the docstring)")
+    ap.add_argument("--pack", default="8", help="with --sweep: its pack: setting (a number or seeds; default 8)")
+    ap.add_argument("--repeat", type=int, default=1, help="with --sweep: timings of each, medians reported")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sweep:
+        res = sweep_trials(args.sweep, int(args.pack) if args.pack.isdigit() else args.pack, args.device, args.repeat)
+        res.update(device=args.device, gpu=torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+                   torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.machine())
+        print(f"{res['trials']} trials of {args.sweep} on {args.device}: {res['trials_per_min_one_by_one']:.0f} "
+              f"trials/min one after another, {res['trials_per_min_packed']:.0f} in {res['packs']} packs "
+              f"(pack: {res['pack']}): {res['ratio']:.2f}x", file=sys.stderr)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     from fedsweep.pack import train_packed
     from fedsweep.run import train
     shapes = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),

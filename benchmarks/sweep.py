@@ -8,7 +8,8 @@ Measured, in this order, each on the same machine with nothing else running:
    store again, and with ``--no-mlflow``), each a fresh ``python`` process; and the commands that
    train nothing, ``fedsweep config``, ``algorithms`` and ``datasets`` (``report`` in step 4);
 2. every trial of the sweep trained in one process, one after another, on as many threads as a
-   Ray worker gets (``resources.cpu``): the sum is what the trials cost;
+   Ray worker gets (``resources.cpu``) and on the device a trial gets (the CPU unless
+   ``resources.gpu`` gives it a GPU): the sum is what the trials cost;
 3. the same trials split over as many processes as the sweep runs at once, all started together
    (no Ray, no MLflow): the wall time of their training, and its "scaling", sum / (concurrency ×
    wall) (1.0 if the processes did not slow each other down). This is the floor of any sweep of
@@ -74,8 +75,10 @@ def in_process_trials(sweep_path: str, threads: int, share: tuple[int, int] = (0
     from fedsweep.sweep import expand, load_sweep
     torch.set_num_threads(threads)
     sweep = load_sweep(sweep_path)
+    # on the device a trial of the sweep gets: the CPU unless the sweep gives its trials a GPU
     cfgs = [t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),
-                                        "device": "cpu"}) for t in expand(sweep, source=sweep_path)]
+                                        "device": t.config.device if sweep.resources.gpu > 0 else "cpu"})
+            for t in expand(sweep, source=sweep_path)]
     train(cfgs[0], progress=False)          # untimed: imports (Lightning) happen once per worker too
     times, start = [], time.time()
     for cfg in cfgs[share[0]::share[1]]:
@@ -337,6 +340,9 @@ def main(argv=None) -> int:
     trials = expand(sweep, source=args.sweep)
     cpus = os.cpu_count() or 1
     concurrency = min(sweep.max_concurrent or cpus, int(cpus // sweep.resources.cpu) or 1)
+    if sweep.resources.gpu > 0:   # as many trials at once as the GPUs hold too
+        import torch
+        concurrency = max(min(concurrency, int(torch.cuda.device_count() // sweep.resources.gpu)), 1)
     pack = args.pack or -(-len(trials) // concurrency)
     pack = int(pack) if str(pack).isdigit() else pack
     out: dict = {"sweep": args.sweep, "trials": len(trials), "concurrency": concurrency, "pack": pack,

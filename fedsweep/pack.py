@@ -23,6 +23,7 @@ with a conv model on a CPU) run their own engines one after another.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -43,7 +44,8 @@ from fedsweep.sweep import client_code, pack_key
 # configs of the FedLGA MLP (n = 30,010, K = 10) packed: 10 rows a call (no merging) 13.0 s, 20 rows
 # 14.0 s, 40 rows 14.6 s, 80 rows 17.6 s, all 120 at once 15.8 s; unpacked 17.1 s. Members are
 # merged up to this many bytes of state (1.2 MB is 10 rows of that MLP); on a
-# GPU, where rows are nearly free, all of a group's rows go in one call.
+# GPU, where rows are nearly free, all of a group's rows go in one call, and a call that runs out of
+# memory is split, later ones capped at half its rows (PackedModule._train_clients).
 CPU_GROUP_BYTES = 1.5e6
 
 
@@ -122,6 +124,8 @@ class PackedModule(L.LightningModule):
         active = [i for i, m in enumerate(self.members) if not m.diverged]
         works = {i: self.members[i].prepare_round(t) for i in active}
         results = self._train_clients(active, works)
+        if self.x.device.type == "cuda":   # the groups' kernels, before their time is shared out
+            torch.cuda.synchronize(self.x.device)
         per_member = (time.perf_counter() - start) / max(len(active), 1)
         for i in active:
             m = self.members[i]
@@ -141,12 +145,29 @@ class PackedModule(L.LightningModule):
                 out[i] = m.train_clients(work)
             else:
                 groups.setdefault((client_code(m.cfg), work.plan.lr), []).append(i)
+        rows = lambda idx: [works[i].plan.num_sampled for i in idx]   # noqa: E731
         for (_, lr), idx in groups.items():
-            for chunk in _chunks(idx, [works[i].plan.num_sampled for i in idx], self.max_rows):
+            pending = _chunks(idx, rows(idx), self.max_rows)
+            while pending:
+                chunk = pending.pop(0)
                 if len(chunk) == 1:              # alone: its own engine, as unpacked
                     out[chunk[0]] = self.members[chunk[0]].train_clients(works[chunk[0]])
-                else:
+                    continue
+                try:
                     out.update(self._train_group(chunk, [works[i] for i in chunk], lr))
+                    continue
+                except torch.OutOfMemoryError:
+                    pass   # below, once the failed call's tensors have gone with its traceback
+                # On a GPU a group's rows are not capped (see CPU_GROUP_BYTES), and a large model's pack
+                # can outgrow the memory: the group changed no member's state (its tensors are copies),
+                # so it is split, and every later group capped at half its rows.
+                self.max_rows = max(sum(rows(chunk)) // 2, 1)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                print(f"pack: a group of {sum(rows(chunk))} client rows ran out of device memory; groups "
+                      f"of at most {self.max_rows} rows from now on", file=sys.stderr)
+                rest = chunk + [i for c in pending for i in c]
+                pending = _chunks(rest, rows(rest), self.max_rows)
         return out
 
     def _train_group(self, idx: list[int], works: list[RoundWork], lr: float) -> dict[int, tuple]:

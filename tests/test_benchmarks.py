@@ -70,6 +70,21 @@ def test_worker_timelines_and_their_plot(tmp_path, monkeypatch):
     assert two.width == four.width and four.height > two.height    # a lane for each worker of each sweep
 
 
+def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
+    """`--sweep`: the sweep's own trials one after another and in the packs `pack: N` makes, in one
+    process without Ray or MLflow (how a machine without them, such as a lent GPU's, measures it)."""
+    sweep = tmp_path / "p.yaml"
+    sweep.write_text(yaml.safe_dump({**TINY, "name": "p", "methods": {"fedavg": {}}, "grid": {"local.lr": [0.05, 0.1]},
+                                     "seeds": [0, 1, 2]}))
+    out = tmp_path / "pack.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep), "--pack", "4",
+                    "--repeat", "2", "--threads", "1", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
+    got = json.loads(out.read_text())
+    assert (got["trials"], got["packs"], got["pack"], got["device"]) == (6, 2, 4, "cpu")   # 6 configs: packs of 3
+    assert len(got["one_by_one_s"]) == len(got["packed_s"]) == 2 and min(got["one_by_one_s"] + got["packed_s"]) > 0
+    assert got["ratio"] == pytest.approx(got["trials_per_min_packed"] / got["trials_per_min_one_by_one"])
+
+
 @pytest.mark.slow   # ~100 s: two real sweeps, three `fedsweep run`s and the trials in process
 def test_sweep_benchmark(tmp_path):
     sweep = tmp_path / "b.yaml"

@@ -60,6 +60,29 @@ def test_members_with_different_partitions_batches_steps_and_units():
     assert len(set(packed.offsets)) == 1                 # digits kept once, whatever the partition
 
 
+def test_a_group_that_runs_out_of_device_memory_is_split(monkeypatch, capsys):
+    """On a GPU a group's rows are not capped, and a large model's pack can run out of memory: the
+    group is split and later groups capped at half its rows, with the members' results unchanged.
+    No GPU here, so a group's engine call of more than 10 rows raises torch's OutOfMemoryError, as a
+    device that holds 10 would (the error is torch's own; the training around it is real)."""
+    train_group = PackedModule._train_group
+    calls = []
+
+    def small_device(self, idx, works, lr):
+        rows = sum(w.plan.num_sampled for w in works)
+        calls.append(rows)
+        if rows > 10:
+            raise torch.OutOfMemoryError("CUDA out of memory (a 10-row device)")
+        return train_group(self, idx, works, lr)
+    monkeypatch.setattr(PackedModule, "_train_group", small_device)
+    cfgs = [build_config(tiny_raw(rounds=3), [f"seed={s}"]) for s in (3, 4, 5, 6)]   # 4 rows each
+    packed = train_packed(cfgs)                          # max_rows None: one call of 16 rows at first
+    assert packed.max_rows == 8 and calls == [16] + [8] * 6   # 3 rounds of two groups of 2 members
+    assert capsys.readouterr().err.count("ran out of device memory") == 1
+    monkeypatch.setattr(PackedModule, "_train_group", train_group)
+    assert_members_match(cfgs, packed)
+
+
 def test_loop_engine_members_run_their_own_engines():
     cfgs = [build_config({**tiny_raw(), "engine": "loop"}, [f"seed={s}"]) for s in (3, 4)]
     assert_members_match(cfgs, train_packed(cfgs))
