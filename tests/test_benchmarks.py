@@ -85,6 +85,16 @@ def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
     assert got["ratio"] == pytest.approx(got["trials_per_min_packed"] / got["trials_per_min_one_by_one"])
 
 
+def test_pack_memory_benchmark(tmp_path):
+    out = tmp_path / "mem.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack_memory.py"), "--pack", "3", "--root",
+                    str(tmp_path / "cifar"), "--images-per-batch", "40", "--json", str(out)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    got = json.loads(out.read_text())
+    assert got["pack"] == 3 and got["seconds"] > 0 and got["peak_rss_gb"] > 0
+    assert len(list((tmp_path / "cifar" / "cifar-10-batches-py").iterdir())) == 7   # 5 + 1 batches, meta
+
+
 @pytest.mark.slow   # ~100 s: two real sweeps, three `fedsweep run`s and the trials in process
 def test_sweep_benchmark(tmp_path):
     sweep = tmp_path / "b.yaml"

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_raw
+from conftest import tiny_raw, write_mnist
 from fedsweep.config import ConfigError, build_config
 from fedsweep.pack import PackedModule, train_packed
 from fedsweep.sweep import pack_key
@@ -80,6 +80,21 @@ def test_a_group_that_runs_out_of_device_memory_is_split(monkeypatch, capsys):
     assert packed.max_rows == 8 and calls == [16] + [8] * 6   # 3 rounds of two groups of 2 members
     assert capsys.readouterr().err.count("ran out of device memory") == 1
     monkeypatch.setattr(PackedModule, "_train_group", train_group)
+    assert_members_match(cfgs, packed)
+
+
+def test_members_of_a_file_backed_dataset_share_one_copy_of_it(tmp_path):
+    """A pack of MNIST members (each loads its own data, as a sweep's pack does) holds the dataset
+    once: every member's tensors and the pack's concatenation are one tensor (a pack of 36 CIFAR-10
+    members held 36 copies, 27 GB, and one more for the concatenation), and each member still ends
+    as its unpacked run does."""
+    write_mnist(tmp_path)
+    data = {"name": "mnist", "root": str(tmp_path), "num_clients": 4, "partition": {"kind": "iid"}}
+    cfgs = [build_config(tiny_raw(data=data, clients_per_round=2, local={"steps": 2, "batch_size": 3, "lr": 0.1}),
+                         [f"seed={s}"]) for s in (3, 4, 5)]
+    packed = train_packed(cfgs)
+    assert all(m.data.x_train is packed.x and m.data.y_train is packed.y for m in packed.members)
+    assert len({id(m.data.x_test) for m in packed.members}) == 1 and packed.offsets == [0, 0, 0]
     assert_members_match(cfgs, packed)
 
 
