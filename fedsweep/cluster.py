@@ -124,9 +124,11 @@ def check_trial_fits(cpu: float, gpu: float, address: str | None, source: str = 
              for n in ray.nodes() if n.get("Alive")]
     if any(c >= cpu and g >= gpu for c, g in nodes):
         return None
-    short = [key for key, asked, i in (("resources.cpu", cpu, 0), ("resources.gpu", gpu, 1))
-             if not any(node[i] >= asked for node in nodes)] or ["resources.cpu", "resources.gpu"]
-    asked = f"a trial asks for {cpu:g} CPU{'s' if cpu != 1 else ''} and {gpu:g} GPU{'s' if gpu != 1 else ''} on one node"
+    # the key no node has enough of (both, if each has enough of one but none of both)
+    short = [key for key, want, i in (("resources.cpu", cpu, 0), ("resources.gpu", gpu, 1))
+             if not any(node[i] >= want for node in nodes)] or ["resources.cpu", "resources.gpu"]
+    asked = (f"a trial asks for {cpu:g} CPU{'s' if cpu != 1 else ''} and {gpu:g} GPU{'s' if gpu != 1 else ''} "
+             "on one node")
     if address is None:   # one node
         c, g = nodes[0] if nodes else (0.0, 0.0)
         most = {"resources.cpu": c, "resources.gpu": g}

@@ -78,7 +78,8 @@ def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
                                      "seeds": [0, 1, 2]}))
     out = tmp_path / "pack.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep), "--pack", "4",
-                    "--repeat", "2", "--threads", "1", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
+                    "--repeat", "2", "--threads", "1", "--json", str(out)],
+                   check=True, capture_output=True, cwd=tmp_path)
     got = json.loads(out.read_text())
     assert (got["trials"], got["packs"], got["pack"], got["device"]) == (6, 2, 4, "cpu")   # 6 configs: packs of 3
     assert len(got["one_by_one_s"]) == len(got["packed_s"]) == 2 and min(got["one_by_one_s"] + got["packed_s"]) > 0

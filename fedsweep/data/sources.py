@@ -177,9 +177,9 @@ def load_torchvision(cfg: DataConfig) -> Source:
 
     Loaded once a process while its files stay as they are (their sizes and times are the key): a
     sweep's Ray worker runs trial after trial on one dataset, and a pack loads it for every member.
-    CIFAR-10 is 0.8-1.0 s and 0.75 GB a load (2 CPU cores, files of the real size); a pack of 36
-    loaded 36 copies, 27 GB. The tensors are shared: fedsweep only reads them (every use indexes or
-    moves them, which copies).
+    CIFAR-10 is 0.8-1.0 s and 0.75 GB a load (2 CPU cores, files of the real size), and a pack of 8
+    members held 8 copies (7.4 GB; benchmarks/pack_memory.py). The tensors are shared: fedsweep only
+    reads them (every use indexes or moves them, which copies).
     """
     cls, root = _class_and_root(cfg)
     return _torchvision_source(cfg.name, root, cfg.download, _files_stamp(cls, root))
