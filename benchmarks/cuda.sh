@@ -10,7 +10,8 @@
 #    (benchmarks/pack.py --sweep): the training side of "≥ 4× the unpacked trials per minute";
 # 2. packed against one by one for the MLP, CNN and ResNet-18 at packs 1-64, with the MLP's bare
 #    arithmetic, in full float32 (matmul_precision highest, the runs' default) and in TF32 (high);
-# 3. `fedsweep bench`: the vectorized engine against the loop engine, the rule `engine: auto` follows.
+# 3. `fedsweep bench` of the MLP, CNN and ResNet-18 (on CIFAR-shaped data): the vectorized engine
+#    against the loop engine, the rule `engine: auto` follows.
 set -euo pipefail
 out="${1:-benchmarks}"
 mkdir -p "$out"
@@ -25,4 +26,4 @@ done
   --json "$out/results-pack-cuda.json"
 "$py" benchmarks/pack.py --device cuda --models mlp cnn resnet18 --packs 1 8 16 32 64 --arithmetic \
   --matmul-precision high --json "$out/results-pack-cuda-tf32.json"
-"$py" -m fedsweep.cli bench --device cuda --json "$out/results-cuda.json"
+"$py" -m fedsweep.cli bench --device cuda --models mlp cnn resnet18 --json "$out/results-cuda.json"

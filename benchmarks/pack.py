@@ -35,16 +35,6 @@ import time
 import torch
 
 
-def synthetic(shape: tuple[int, ...], num_clients: int, per_client: int = 30, seed: int = 0):
-    from fedsweep.data import FederatedData
-    g = torch.Generator().manual_seed(seed)
-    n = num_clients * per_client
-    x = torch.rand(n, *shape, generator=g)
-    y = torch.randint(0, 10, (n,), generator=g)
-    idx = list(torch.arange(n).view(num_clients, per_client))
-    return FederatedData("bench", x, y, x[:200], y[:200], idx, 10, shape)
-
-
 def configs(model: str, pack: int, rounds: int, device: str, engine: str, matmul_precision: str = "highest"):
     from fedsweep.config import build_config
     return [build_config({
@@ -173,15 +163,14 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
         return 0
+    from fedsweep.bench import SHAPES, synthetic
     from fedsweep.pack import train_packed
     from fedsweep.run import train
-    shapes = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),
-              "mobilenet_v2": (3, 32, 32)}
     rows = []
     print(f"{'model':<10}{'pack':>6}{'packed s':>10}{'one by one s':>14}{'cfg-rounds/s packed':>21}{'ratio':>8}",
           file=sys.stderr)
     for model in args.models:
-        data = synthetic(shapes[model], 100)
+        data = synthetic(100, SHAPES[model])
         warm = configs(model, 1, 2, args.device, args.engine, args.matmul_precision)
         train(warm[0], progress=False, data=data)
         for pack in args.packs:

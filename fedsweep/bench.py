@@ -11,9 +11,11 @@ Each row also says which engine ``engine: auto`` picks for that model and device
 faster: the rule (``fedsweep.engine.choose_engine``) is checked against the measurement.
 
 Each case runs the real round (plan, batches, local training, aggregation, server step) through
-Lightning on synthetic data of the digits shape (1×8×8, 10 classes, 30 samples per client), so it
-needs no dataset and measures the engines rather than I/O. One warm-up round, then ``--rounds``
-timed rounds; the median round time is reported. Output: a table and, with ``--json``, a file.
+Lightning on synthetic data of the model's shape (:data:`SHAPES`: digits' 1×8×8 for the MLP and
+CNN, MNIST's 1×28×28 for LeNet-5, CIFAR's 3×32×32 for ResNet-18 and MobileNetV2; 10 classes, 30
+samples per client), so it needs no dataset and measures the engines rather than I/O. One warm-up
+round, then ``--rounds`` timed rounds; the median round time is reported. Output: a table and, with
+``--json``, a file.
 """
 from __future__ import annotations
 
@@ -28,13 +30,19 @@ from fedsweep.config import build_config
 from fedsweep.data import FederatedData
 
 
-def synthetic_digits(num_clients: int, per_client: int = 30, seed: int = 0) -> FederatedData:
+# The input each model is benchmarked on: the shape of the data it is made for.
+SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),
+          "mobilenet_v2": (3, 32, 32)}
+
+
+def synthetic(num_clients: int, shape: tuple[int, ...] = (1, 8, 8), per_client: int = 30,
+              seed: int = 0) -> FederatedData:
     g = torch.Generator().manual_seed(seed)
     n = num_clients * per_client
-    x = torch.rand(n, 1, 8, 8, generator=g)
+    x = torch.rand(n, *shape, generator=g)
     y = torch.randint(0, 10, (n,), generator=g)
     idx = list(torch.arange(n).view(num_clients, per_client))
-    return FederatedData("bench", x, y, x[:200], y[:200], idx, 10, (1, 8, 8))
+    return FederatedData("bench", x, y, x[:200], y[:200], idx, 10, shape)
 
 
 class TorchLoop:
@@ -79,7 +87,7 @@ def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorit
         "matmul_precision": matmul_precision,
     })
     callbacks = [_SwapEngine()] if baseline else []
-    module = train(cfg, progress=False, data=synthetic_digits(N), callbacks=callbacks)
+    module = train(cfg, progress=False, data=synthetic(N, SHAPES[model]), callbacks=callbacks)
     return statistics.median(h["round/seconds"] for h in module.history[1:])
 
 
@@ -88,7 +96,7 @@ def _auto_choice(model: str, device: str) -> str:
     from fedsweep.config import ModelConfig
     from fedsweep.engine import choose_engine
     from fedsweep.models import build_model
-    return choose_engine("auto", build_model(ModelConfig(name=model), (1, 8, 8), 10), device)
+    return choose_engine("auto", build_model(ModelConfig(name=model), SHAPES[model], 10), device)
 
 
 class _SwapEngine:
@@ -128,7 +136,8 @@ def main(args) -> int:
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5,
               "batch_size": 10, "rounds_timed": args.rounds,
-              "data": "synthetic 1x8x8, 10 classes, 30 samples/client", "results": results}
+              "data": "synthetic, each model's input shape (fedsweep.bench.SHAPES), 10 classes, 30 samples/client",
+              "results": results}
     text = json.dumps(report, indent=2)
     if args.json:
         with open(args.json, "w") as f:

@@ -52,7 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="rounds per second of both engines, side by side")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     b.add_argument("--clients", type=int, nargs="+", default=[10, 50, 100], metavar="K")
-    b.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "lenet5"])
+    b.add_argument("--models", nargs="+", default=["mlp", "cnn"],
+                   choices=["mlp", "cnn", "lenet5", "resnet18", "mobilenet_v2"],
+                   help="models to time, each on synthetic data of its input's shape (CIFAR's for resnet18 "
+                   "and mobilenet_v2)")
     b.add_argument("--rounds", type=int, default=5, help="timed rounds per case (after one warm-up)")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     b.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],

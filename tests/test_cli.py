@@ -114,13 +114,14 @@ def test_config_command_prints_resolved_defaults(tmp_path, capsys):
 
 def test_bench_json(tmp_path):
     out = tmp_path / "bench.json"
-    assert main(["bench", "--clients", "2", "--models", "mlp", "--rounds", "1", "--matmul-precision", "high",
-                 "--json", str(out)]) == 0
+    assert main(["bench", "--clients", "2", "--models", "mlp", "resnet18", "--rounds", "1", "--matmul-precision",
+                 "high", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["matmul_precision"] == "high"
-    (row,) = report["results"]
-    assert row["clients_per_round"] == 2 and row["speedup"] > 0
-    assert row["auto_picks"] == "vectorized" and row["faster_here"] in ("loop", "vectorized")
+    mlp, resnet = report["results"]                      # ResNet-18 on CIFAR-shaped data (3x32x32)
+    for row in (mlp, resnet):
+        assert row["clients_per_round"] == 2 and row["speedup"] > 0 and row["faster_here"] in ("loop", "vectorized")
+    assert mlp["auto_picks"] == "vectorized" and resnet["auto_picks"] == "loop"   # convolutions on a CPU
 
 
 def test_switching_algorithm_names_the_stale_key_and_what_is_allowed(tmp_path, capsys):
