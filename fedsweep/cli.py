@@ -123,6 +123,8 @@ def _dispatch(args) -> int:
             print(f"sweep done: {counts or 'no trials'}")
         for error, n in sorted(result["errors"].items(), key=lambda e: -e[1]):
             print(f"failed ({n} trial{'s' if n > 1 else ''}): {error}")
+        if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed")):
+            print(f"Ray's logs of it: {result['ray_session']}/logs")
         print(f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}\n"
               f"compare the trials:  {ui_command(result['tracking_uri'])}\n"
               f"report:              fedsweep report {args.sweep}")

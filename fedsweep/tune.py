@@ -180,7 +180,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
                address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from fedsweep.cluster import check_trial_fits, ray_session
+    from fedsweep.cluster import check_trial_fits, ray_session, remove_session
     from fedsweep.tracking import open_experiment, quiet_store_logs
     quiet_store_logs()   # the driver imports neither Lightning (~4 s) nor torch (~0.8 s)
     experiment = sweep.mlflow.experiment or sweep.name
@@ -197,7 +197,12 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
             client, exp_id = store.result()
             if superseded:
                 _close_superseded(client, superseded)
-            return _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
+            result = _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
+    # The local instance's session folder (Ray's logs) is deleted once every trial ended well, and kept
+    # where one failed or the sweep was cut short: there it is what to read (a crashed worker's stderr).
+    ended_well = not address and not result["unfinished"] and not result.get("failed")
+    return {**result, "ray_session": session,
+            "ray_session_kept": bool(session) and not (ended_well and remove_session(session))}
 
 
 def _close_superseded(client, state: dict) -> None:

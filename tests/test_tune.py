@@ -532,6 +532,21 @@ def test_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "fedsweep_runs").exists()
 
 
+def test_a_sweep_that_ended_well_leaves_no_ray_session_folder(tmp_path, monkeypatch):
+    """Ray keeps every session's folder (logs, sockets, staging copies; ~5 MB a sweep) in /tmp until
+    the machine restarts, and /tmp is memory on many systems: a local instance's folder goes with a
+    sweep whose trials all ended well (a failed trial's keeps it: the crash test below)."""
+    from fedsweep.tune import tune_sweep
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    path = write_sweep(tmp_path / "s.yaml", "s", methods={"fedavg": {}}, grid={"local.lr": [0.1]})
+    result = tune_sweep(path)
+    assert result.get("finished") == 1 and result["ray_session"] and not result["ray_session_kept"]
+    folder = Path(result["ray_session"])
+    assert folder.name.startswith("session_") and folder.parent.is_dir() and not folder.exists()
+    assert os.path.realpath(folder.parent / "session_latest") != str(folder)
+
+
 def test_resources_no_node_has_are_refused_once_ray_is_up(tmp_path):
     """`resources` this machine's Ray instance does not have: Tune would wait for ever (such a sweep
     hung with no word). Refused once Ray is up, in one line naming the key and what there is, before
@@ -576,6 +591,8 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     assert main(["tune", path]) == 4
     printed = capsys.readouterr()
     error = "data.num_clients: N=8 clients but only 4 training samples"
+    logs = re.search(r"^Ray's logs of it: (.+)$", printed.out, re.M)   # a trial failed: Ray's logs are kept
+    assert logs and Path(logs[1]).is_dir() and any(Path(logs[1]).glob("raylet*")), printed.out
     assert f"failed (2 trials): {error}" in printed.out
     assert printed.err.count("[failed] fedavg data.name=mnist") == 2 and "/error.txt)" in printed.err
     assert printed.err.count("[retrying] fedavg data.name=mnist") == 2           # max_failures: 1
