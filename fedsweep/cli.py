@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import get_args
 
-from fedsweep.config import ConfigError
+from fedsweep.config import ConfigError, ModelConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     b.add_argument("--clients", type=int, nargs="+", default=[10, 50, 100], metavar="K")
     b.add_argument("--models", nargs="+", default=["mlp", "cnn"],
-                   choices=["mlp", "cnn", "lenet5", "resnet18", "mobilenet_v2"],
+                   choices=get_args(ModelConfig.model_fields["name"].annotation),   # every model config allows
                    help="models to time, each on synthetic data of its input's shape (CIFAR's for resnet18 "
                    "and mobilenet_v2)")
     b.add_argument("--rounds", type=int, default=5, help="timed rounds per case (after one warm-up)")

@@ -182,7 +182,7 @@ def load_torchvision(cfg: DataConfig) -> Source:
     reads them (every use indexes or moves them, which copies).
     """
     cls, root = _class_and_root(cfg)
-    return _torchvision_source(cfg.name, root, cfg.download, _files_stamp(cls, root))
+    return _torchvision_source(cfg.name, cls, root, cfg.download, _files_stamp(cls, root))
 
 
 def _files_stamp(cls: type, root: str) -> tuple:
@@ -199,11 +199,9 @@ def _files_stamp(cls: type, root: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=1)
-def _torchvision_source(name: str, root: str, download: bool, stamp: tuple) -> Source:
+def _torchvision_source(name: str, cls: type, root: str, download: bool, stamp: tuple) -> Source:
     """:func:`load_torchvision`'s load, kept for the next call with the same files (``stamp``)."""
-    import torchvision.datasets as tvd
     cls_name, mean, std, n_cls = TORCHVISION[name]
-    cls = getattr(tvd, cls_name)
     try:
         train = cls(root, train=True, download=download)
         test = cls(root, train=False, download=False)
