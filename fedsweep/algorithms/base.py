@@ -4,8 +4,8 @@ Shaped after FedJAX's ``for_each_client`` split and Flower's strategies (DESIGN.
 
 client side — three pure tensor functions of ONE client, which an engine runs in a Python loop
 (``engine/loop.py``) or for all K sampled clients at once under ``torch.func.vmap``
-(``engine/vectorized.py``; a ``client_step`` declared ``rowwise`` may also be called on all K stacked
-clients directly). They must avoid data-dependent Python control flow:
+(``engine/vectorized.py``; the ``client_step`` and ``client_final`` of an algorithm declared
+``rowwise`` may also be called on all K stacked clients directly). They must avoid data-dependent Python control flow:
 
     client_init(w, shared, own, ops, probe)       -> local state (dict of tensors; must hold "w")
     client_step(state, batch, ops, lr, shared)    -> local state     (one local SGD step)
@@ -97,16 +97,17 @@ class Algorithm:
     needs_server_data: ClassVar[bool] = False
     #: False for server-only training: the engine is not run and no client is contacted
     uses_clients: ClassVar[bool] = True
-    #: ``client_step`` also works on all K clients stacked: state (K, n), batch (K, B, ...), shared
-    #: tensors broadcast, ``ops`` returning (K,) losses and (K, n) gradients; only row-wise math
-    #: (reductions along dim=-1). The vectorized engine then skips ``vmap`` for the local steps.
-    #: A subclass that overrides ``client_step`` without declaring it gets False.
+    #: ``client_step`` and ``client_final`` also work on all K clients stacked: state (K, n), batch
+    #: and probe (K, B, ...), w0 and shared tensors (n,) or (K, n), ``ops`` returning (K,) losses and
+    #: (K, n) gradients; only row-wise math (reductions along dim=-1), and every upload (K, ...). The
+    #: vectorized engine then calls them without ``vmap``. A subclass that overrides either without
+    #: declaring it gets False.
     rowwise: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "client_step" in cls.__dict__ and "rowwise" not in cls.__dict__:
-            cls.rowwise = False   # new step code is not assumed row-wise until its author says so
+        if ("client_step" in cls.__dict__ or "client_final" in cls.__dict__) and "rowwise" not in cls.__dict__:
+            cls.rowwise = False   # new client code is not assumed row-wise until its author says so
 
     def __init__(self, params: BaseModel, ctx: SetupContext):
         self.params = params

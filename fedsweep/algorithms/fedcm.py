@@ -60,7 +60,7 @@ class FedCMParams(BaseModel):
 @register
 class FedCM(Algorithm):
     name = "fedcm"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = FedCMParams
 
     def __init__(self, params, ctx):

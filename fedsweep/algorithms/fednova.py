@@ -96,7 +96,7 @@ def normalizer_recursion(steps: torch.Tensor, rho: float, etamu: float) -> torch
 @register
 class FedNova(Algorithm):
     name = "fednova"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = FedNovaParams
 
     # ----- client ---------------------------------------------------------------------------------

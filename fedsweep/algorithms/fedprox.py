@@ -50,7 +50,7 @@ class FedProxParams(BaseModel):
 @register
 class FedProx(Algorithm):
     name = "fedprox"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = FedProxParams
 
     def broadcast(self, w, plan):

@@ -41,7 +41,7 @@ class FedSAMParams(BaseModel):
 @register
 class FedSAM(Algorithm):
     name = "fedsam"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = FedSAMParams
     grads_per_step = 2
 

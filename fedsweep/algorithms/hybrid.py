@@ -86,7 +86,7 @@ class ClgSgd(_ServerTraining):
 @register
 class FedClgC(_ServerTraining):
     name = "fedclg_c"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = GradientBatchParams
     needs_server_data = True
     download_models = 2.0        # x_t and g_s
@@ -111,6 +111,7 @@ class FedClgC(_ServerTraining):
 class FedClgS(_ServerTraining):
     name = "fedclg_s"
     Params = GradientBatchParams
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     needs_server_data = True
     upload_models = 2.0          # Δ_i and g_i
 

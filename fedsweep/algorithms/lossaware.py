@@ -86,6 +86,7 @@ class FedSoftMaxParams(LossAwareParams):
 class _LossAware(Algorithm):
     """FedAvg clients that also report F_i(w^t); subclasses turn the gaps into weights α."""
     Params = LossAwareParams
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

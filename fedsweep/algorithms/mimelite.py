@@ -52,7 +52,7 @@ class MimeLiteParams(BaseModel):
 @register
 class MimeLite(Algorithm):
     name = "mimelite"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = MimeLiteParams
     probe = "full"
     upload_models = 2.0     # Δ_i and ∇f_i(w^t)

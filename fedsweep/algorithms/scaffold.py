@@ -63,7 +63,7 @@ class ScaffoldParams(BaseModel):
 @register
 class Scaffold(Algorithm):
     name = "scaffold"
-    rowwise = True   # client_step is row-wise: runs on all K clients stacked
+    rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
     Params = ScaffoldParams
     upload_models = 2.0      # Δy_i and Δc_i
     download_models = 2.0    # x and c
