@@ -94,8 +94,9 @@ def _rowwise_algorithms():
 
 @pytest.mark.parametrize("name", _rowwise_algorithms())
 def test_rowwise_steps_equal_vmapped_steps(name, monkeypatch):
-    """Every algorithm that declares its client_step row-wise gives the same model stepped on the
-    stacked clients as stepped under vmap (with stragglers, so step masks are exercised too)."""
+    """Every algorithm that declares its client code row-wise gives the same model stepped and ended
+    (client_final) on the stacked clients as under vmap (with stragglers, so step masks are
+    exercised too)."""
     from conftest import tiny_raw
 
     from fedsweep.algorithms import get_algorithm_class
@@ -120,7 +121,7 @@ def test_rowwise_steps_equal_vmapped_steps(name, monkeypatch):
     torch.testing.assert_close(rows.w, vmapped.w, rtol=1e-5, atol=1e-6)
 
 
-def test_overriding_client_step_without_declaring_it_is_not_rowwise():
+def test_overriding_client_code_without_declaring_it_is_not_rowwise():
     from fedsweep.algorithms.base import Algorithm
     from fedsweep.algorithms.fedprox import FedProx
 
@@ -128,10 +129,15 @@ def test_overriding_client_step_without_declaring_it_is_not_rowwise():
         def client_step(self, state, batch, ops, lr, shared):
             return state
 
+    class MyFinal(Algorithm):
+        def client_final(self, state, w0, ops, probe):
+            return {"delta": state["w"] - w0}
+
     class Declared(Mine):
         rowwise = True
 
-    class Inherits(FedProx):        # same client_step as FedProx: stays row-wise
+    class Inherits(FedProx):        # same client code as FedProx: stays row-wise
         pass
 
-    assert Algorithm.rowwise and not Mine.rowwise and Declared.rowwise and Inherits.rowwise
+    assert Algorithm.rowwise and not Mine.rowwise and not MyFinal.rowwise
+    assert Declared.rowwise and Inherits.rowwise
