@@ -141,3 +141,32 @@ def test_overriding_client_code_without_declaring_it_is_not_rowwise():
 
     assert Algorithm.rowwise and not Mine.rowwise and not MyFinal.rowwise
     assert Declared.rowwise and Inherits.rowwise
+
+
+def test_a_rowwise_client_final_that_returns_no_row_per_client_is_named():
+    """client_final runs on the stacked clients for an algorithm declared row-wise; an upload that is
+    not one row per client (vmap would have stacked it) stops the run with the key and the fix."""
+    from conftest import tiny_raw
+
+    from fedsweep.algorithms import register
+    from fedsweep.algorithms.base import Algorithm
+    from fedsweep.config import build_config
+    from fedsweep.run import train
+
+    @register
+    class ShapeCheckAlgo(Algorithm):
+        name = "shape_check_algo"
+        rowwise = True
+
+        def client_final(self, state, w0, ops, probe):
+            return {"delta": state["w"] - w0, "scale": w0.norm()}   # one number for all clients
+
+    try:
+        cfg = build_config({**tiny_raw(algorithm={"name": "shape_check_algo"}), "engine": "vectorized"})
+        with pytest.raises(ValueError, match=r"ShapeCheckAlgo declares rowwise = True.*'scale' of shape \(\)"):
+            train(cfg, progress=False)
+        ShapeCheckAlgo.rowwise = False            # under vmap the same code runs
+        assert train(cfg, progress=False).rounds_done == cfg.rounds
+    finally:
+        from fedsweep import registry
+        registry._REGISTRY.pop("shape_check_algo", None)

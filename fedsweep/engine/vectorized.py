@@ -132,6 +132,11 @@ class VectorizedEngine:
         if self.rowwise:   # the algorithm's client_final on the stacked clients directly, as its steps
             uploads = algo.client_final(state, w, ModelOps(grad=batched.stacked_ops(self._chain, K).grad,
                                                            loss=self._rows_loss), probe_b)
+            for key, v in uploads.items():   # what vmap would have stacked: one row per client
+                if v.dim() == 0 or v.shape[0] != K:
+                    raise ValueError(f"{type(algo).__name__} declares rowwise = True, but its client_final on "
+                                     f"{K} stacked clients returned {key!r} of shape {tuple(v.shape)}, not one "
+                                     f"row per client; make every upload (K, ...) or declare rowwise = False")
         else:
             uploads = vmap(lambda st, w_, p: algo.client_final(st, w_, ops, p),
                            in_dims=(0, wd, *dims(probe_b)))(state, w, probe_b)
