@@ -5,7 +5,8 @@ Shaped after FedJAX's ``for_each_client`` split and Flower's strategies (DESIGN.
 client side — three pure tensor functions of ONE client, which an engine runs in a Python loop
 (``engine/loop.py``) or for all K sampled clients at once under ``torch.func.vmap``
 (``engine/vectorized.py``; the ``client_step`` and ``client_final`` of an algorithm declared
-``rowwise`` may also be called on all K stacked clients directly). They must avoid data-dependent Python control flow:
+``rowwise`` may also be called on all K stacked clients directly). They must avoid data-dependent
+Python control flow:
 
     client_init(w, shared, own, ops, probe)       -> local state (dict of tensors; must hold "w")
     client_step(state, batch, ops, lr, shared)    -> local state     (one local SGD step)

@@ -44,7 +44,8 @@ class ChainGrad:
         self.layers = [(leaf, dict(names)) for (_, leaf), names in zip(fmodel.chain, fmodel.leaf_params)]
         starts = [sum(fmodel.numels[:i]) for i in range(len(fmodel.names))]
         # where each parameter's gradient goes in the flat (K, n) gradient: (start, end, shape)
-        self.slots = {n: (a, a + m, tuple(s)) for n, a, m, s in zip(fmodel.names, starts, fmodel.numels, fmodel.shapes)}
+        self.slots = {n: (a, a + m, tuple(s))
+                      for n, a, m, s in zip(fmodel.names, starts, fmodel.numels, fmodel.shapes)}
 
     def _slot(self, g: torch.Tensor, name: str) -> torch.Tensor:
         """Parameter ``name``'s part of the flat gradient ``g`` (K, n), as a (K, *shape) view."""
