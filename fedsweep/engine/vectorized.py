@@ -127,7 +127,7 @@ class VectorizedEngine:
         if finished:                     # back in row order: the rows that stopped last come first
             parts = [(state, loss_sum), *finished[::-1]]
             state = {key: torch.cat([p[key] for p, _ in parts]) for key in state}
-            loss_sum = torch.cat([l for _, l in parts])
+            loss_sum = torch.cat([rows_loss for _, rows_loss in parts])
 
         if self.rowwise:   # the algorithm's client_final on the stacked clients directly, as its steps
             uploads = algo.client_final(state, w, ModelOps(grad=batched.stacked_ops(self._chain, K).grad,
