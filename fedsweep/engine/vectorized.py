@@ -59,23 +59,26 @@ class VectorizedEngine:
 
         Clients that finish early stop computing: the rows are ordered by their step counts (longest
         first), so the clients still training at step s are the first k_s rows, and step s runs on
-        those alone. The order is undone on the uploads and losses."""
+        those alone. The finished rows are put back in plan order when they are joined, before
+        ``client_final``."""
         algo, ops, K = self.algo, self.ops, int(steps.numel())
         dtype = self.data.x.dtype
         device = batches.index.device
         wd = 0 if per_row else None           # vmap's in_dim of w and of the shared tensors
-        order = None
+        # what client_final and the losses see: the rows in plan order
+        w_plan, steps_plan = w, steps
+        probe_plan = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype)) \
+            if probe is not None else None
+        probe_b = probe_plan
         if int(steps.min()) != int(steps.max()):
             order = torch.argsort(steps, descending=True, stable=True)
             steps = steps[order]
             dev_order = order.to(device)
             batches = Batches(batches.index[dev_order], batches.mask[dev_order])
-            probe = Batches(probe.index[dev_order], probe.mask[dev_order]) if probe is not None else None
+            probe_b = tuple(t[dev_order] for t in probe_plan) if probe_plan is not None else None
             own = {k: v[dev_order] for k, v in own.items()}
             if per_row:
                 w, shared = w[dev_order], {k: v[dev_order] for k, v in shared.items()}
-        probe_b = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype)) \
-            if probe is not None else None
         weights = masked_weights(batches.mask, dtype)         # (K, S, B), once for all steps
 
         def dims(*args):
@@ -124,10 +127,17 @@ class VectorizedEngine:
             sh = {key: v[:k] for key, v in shared.items()} if per_row and k < K else shared
             state, loss = step_fns[k](state, self._gather(batches.index[:k, s], weights[:k, s]), sh)
             loss_sum = loss_sum + loss
-        if finished:                     # back in row order: the rows that stopped last come first
-            parts = [(state, loss_sum), *finished[::-1]]
-            state = {key: torch.cat([p[key] for p, _ in parts]) for key in state}
-            loss_sum = torch.cat([rows_loss for _, rows_loss in parts])
+        if finished:   # rows finish early only when their step counts differ, so the rows are ordered
+            # Each part goes straight to its clients' rows in plan order: one copy of every row, and
+            # the uploads need no reordering after client_final (a (K, n) gather of each of them).
+            parts = [(state, loss_sum), *finished[::-1]]       # sorted order: the rows that stopped last first
+            at, rows = 0, []
+            for _, rows_loss in parts:
+                rows.append(dev_order[at:at + rows_loss.shape[0]])
+                at += rows_loss.shape[0]
+            state = {key: _scatter_rows(K, [p[key] for p, _ in parts], rows) for key in state}
+            loss_sum = _scatter_rows(K, [rows_loss for _, rows_loss in parts], rows)
+        w, probe_b, steps = w_plan, probe_plan, steps_plan
 
         if self.rowwise:   # the algorithm's client_final on the stacked clients directly, as its steps
             uploads = algo.client_final(state, w, ModelOps(grad=batched.stacked_ops(self._chain, K).grad,
@@ -143,7 +153,12 @@ class VectorizedEngine:
         steps_dev = steps.to(device)
         loss = loss_sum / steps_dev.clamp(min=1).to(loss_sum) + torch.where(
             steps_dev > 0, 0.0, float("nan")).to(loss_sum)
-        if order is None:
-            return uploads, loss
-        undo = torch.argsort(dev_order)
-        return {k: v[undo] for k, v in uploads.items()}, loss[undo]
+        return uploads, loss
+
+
+def _scatter_rows(K: int, parts: list[torch.Tensor], rows: list[torch.Tensor]) -> torch.Tensor:
+    """A (K, ...) tensor whose rows ``rows[j]`` are ``parts[j]``; the rows of all parts are the K rows."""
+    out = torch.empty((K, *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
+    for part, at in zip(parts, rows):
+        out.index_copy_(0, at, part)
+    return out
