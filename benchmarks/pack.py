@@ -23,14 +23,28 @@ or MLflow; reported as trials per minute of each and their ratio, the training s
 CPU: ``benchmarks/sweep.py``)::
 
     python benchmarks/pack.py --device cuda --sweep sweeps/fedlga.yaml --pack 8 --json OUT
+
+Each trial is also timed alone: ``ms_a_trial_by_method`` holds the mean of each method's trials.
+With ``--baseline DIR`` (another checkout of fedsweep) every timing runs in a fresh process, the
+baseline's first and then this checkout's, ``--repeat`` times in turn, so a change to a round's
+work is judged against the code before it under the same machine conditions, in a tenth of the
+time of ``benchmarks/sweep.py --baseline`` (which adds Ray and MLflow)::
+
+    git worktree add /tmp/base <commit>
+    python benchmarks/pack.py --sweep sweeps/fedlga.yaml --threads 1 --skip-packed --repeat 3 --baseline /tmp/base
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -96,11 +110,9 @@ def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10
     return out
 
 
-def sweep_trials(path: str, pack, device: str, repeat: int = 1) -> dict:
-    """The trials of sweep ``path`` on ``device``, one after another and in the packs ``pack: N`` makes
-    (see the docstring); the median of ``repeat`` timings of each."""
-    import statistics
-
+def sweep_trials(path: str, pack, device: str, repeat: int = 1, packed_too: bool = True) -> dict:
+    """The trials of sweep ``path`` on ``device``, one after another and (``packed_too``) in the packs
+    ``pack: N`` makes (see the docstring); the median of ``repeat`` timings of each."""
     from fedsweep.pack import train_packed
     from fedsweep.run import train
     from fedsweep.sweep import expand, load_sweep, pack_units
@@ -112,25 +124,73 @@ def sweep_trials(path: str, pack, device: str, repeat: int = 1) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     train(cfgs[0].model_copy(update={"rounds": 2}), progress=False)      # warm-up: imports, CUDA context
     train_packed([c.model_copy(update={"rounds": 2}) for c in cfgs[:2]])
-    one_by_one, packed = [], []
+    one_by_one, packed, by_method = [], [], {}
     for i in range(repeat):
         sync()
         t0 = time.perf_counter()
         for c in cfgs:
+            t1 = time.perf_counter()
             train(c, progress=False)
-        sync()
+            sync()
+            by_method.setdefault(c.algorithm.name, []).append(time.perf_counter() - t1)
         one_by_one.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for unit in units:
-            train_packed([cfgs[j] for j in unit], ids=unit)
-        sync()
-        packed.append(time.perf_counter() - t0)
-        print(f"[{i + 1}/{repeat}] {len(cfgs)} trials one after another {one_by_one[-1]:.2f} s, in {len(units)} "
-              f"packs {packed[-1]:.2f} s", file=sys.stderr, flush=True)
-    a, b = statistics.median(one_by_one), statistics.median(packed)
-    return {"sweep": path, "pack": pack, "trials": len(cfgs), "packs": len(units), "one_by_one_s": one_by_one,
-            "packed_s": packed, "trials_per_min_one_by_one": 60 * len(cfgs) / a,
-            "trials_per_min_packed": 60 * len(cfgs) / b, "ratio": a / b}
+        if packed_too:
+            t0 = time.perf_counter()
+            for unit in units:
+                train_packed([cfgs[j] for j in unit], ids=unit)
+            sync()
+            packed.append(time.perf_counter() - t0)
+        print(f"[{i + 1}/{repeat}] {len(cfgs)} trials one after another {one_by_one[-1]:.2f} s" +
+              (f", in {len(units)} packs {packed[-1]:.2f} s" if packed_too else ""), file=sys.stderr, flush=True)
+    a = statistics.median(one_by_one)
+    import fedsweep
+    out = {"sweep": path, "pack": pack, "trials": len(cfgs), "packs": len(units), "one_by_one_s": one_by_one,
+           "fedsweep": str(Path(fedsweep.__file__).resolve().parents[1]),      # the checkout that trained
+           "ms_a_trial_by_method": {k: 1e3 * statistics.fmean(v) for k, v in by_method.items()},
+           "trials_per_min_one_by_one": 60 * len(cfgs) / a}
+    if packed_too:
+        b = statistics.median(packed)
+        out.update(packed_s=packed, trials_per_min_packed=60 * len(cfgs) / b, ratio=a / b)
+    return out
+
+
+def against_baseline(args) -> dict:
+    """``--sweep`` with ``--baseline``: each timing in a fresh process, the baseline checkout's first,
+    then this one's, ``--repeat`` times in turn (see the docstring)."""
+    codes = {"baseline": Path(args.baseline).resolve(), "now": Path(__file__).resolve().parents[1]}
+    runs: dict[str, list[dict]] = {c: [] for c in codes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            for name, code in codes.items():
+                out = Path(tmp) / f"{name}-{i}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--sweep", str(Path(args.sweep).resolve()),
+                       "--pack", args.pack, "--device", args.device, "--json", str(out)]
+                cmd += ["--threads", str(args.threads)] if args.threads else []
+                cmd += ["--skip-packed"] if args.skip_packed else []
+                # the checkout's own fedsweep, first on the path (an editable install is later on it)
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+                proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+                if proc.returncode:
+                    sys.exit(f"{name} ({code}) failed:\n{proc.stderr[-3000:]}")
+                r = json.loads(out.read_text())
+                if r["fedsweep"] != str(code):
+                    sys.exit(f"{name}: the process imported fedsweep from {r['fedsweep']}, not {code}")
+                runs[name].append(r)
+                print(f"[{i + 1}/{args.repeat}] {name:<8} {r['trials']} trials one after another "
+                      f"{r['one_by_one_s'][0]:.2f} s" + (f", packed {r['packed_s'][0]:.2f} s" if "packed_s" in r else "") +
+                      "; ms a trial: " + ", ".join(f"{k} {v:.0f}" for k, v in r["ms_a_trial_by_method"].items()),
+                      file=sys.stderr, flush=True)
+    res = {"sweep": args.sweep, "pack": args.pack, "repeat": args.repeat, "order": "baseline first, each time"}
+    for name, code in codes.items():
+        rs = runs[name]
+        res[name] = {"code": str(code), "one_by_one_s": [r["one_by_one_s"][0] for r in rs],
+                     "ms_a_trial_by_method": {k: [r["ms_a_trial_by_method"][k] for r in rs]
+                                              for k in rs[0]["ms_a_trial_by_method"]}}
+        if "packed_s" in rs[0]:
+            res[name]["packed_s"] = [r["packed_s"][0] for r in rs]
+    res["now_over_baseline_one_by_one"] = (statistics.median(res["now"]["one_by_one_s"]) /
+                                           statistics.median(res["baseline"]["one_by_one_s"]))
+    return res
 
 
 def main(argv=None) -> int:
@@ -148,17 +208,37 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", help="time this sweep file's own trials instead (see the docstring)")
     ap.add_argument("--pack", default="8", help="with --sweep: its pack: setting (a number or seeds; default 8)")
     ap.add_argument("--repeat", type=int, default=1, help="with --sweep: timings of each, medians reported")
+    ap.add_argument("--skip-packed", action="store_true", help="with --sweep: the trials one after another only")
+    ap.add_argument("--baseline", help="with --sweep: a checkout of fedsweep to time right before this one, "
+                                       "each in a fresh process, --repeat times in turn")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.baseline:
+        if not args.sweep:
+            ap.error("--baseline: only with --sweep")
+        if not (Path(args.baseline) / "fedsweep" / "__init__.py").is_file():
+            ap.error(f"--baseline {args.baseline}: not a fedsweep checkout (no fedsweep/__init__.py)")
+        res = against_baseline(args)
+        b, n = res["baseline"], res["now"]
+        print(f"one after another: baseline {statistics.median(b['one_by_one_s']):.2f} s, now "
+              f"{statistics.median(n['one_by_one_s']):.2f} s ({res['now_over_baseline_one_by_one']:.3f}x); ms a trial "
+              "(median): " + ", ".join(f"{k} {statistics.median(b['ms_a_trial_by_method'][k]):.0f} -> "
+                                       f"{statistics.median(v):.0f}" for k, v in n["ms_a_trial_by_method"].items()),
+              file=sys.stderr)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.sweep:
-        res = sweep_trials(args.sweep, int(args.pack) if args.pack.isdigit() else args.pack, args.device, args.repeat)
+        res = sweep_trials(args.sweep, int(args.pack) if args.pack.isdigit() else args.pack, args.device, args.repeat,
+                           packed_too=not args.skip_packed)
         res.update(device=args.device, gpu=torch.cuda.get_device_name(0) if args.device == "cuda" else None,
                    torch=torch.__version__, threads=torch.get_num_threads(), machine=platform.machine())
         print(f"{res['trials']} trials of {args.sweep} on {args.device}: {res['trials_per_min_one_by_one']:.0f} "
-              f"trials/min one after another, {res['trials_per_min_packed']:.0f} in {res['packs']} packs "
-              f"(pack: {res['pack']}): {res['ratio']:.2f}x", file=sys.stderr)
+              f"trials/min one after another" + (f", {res['trials_per_min_packed']:.0f} in {res['packs']} packs "
+              f"(pack: {res['pack']}): {res['ratio']:.2f}x" if "ratio" in res else ""), file=sys.stderr)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)

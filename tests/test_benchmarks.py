@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on tiny inputs and write the numbers they promise."""
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -84,6 +85,27 @@ def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
     assert (got["trials"], got["packs"], got["pack"], got["device"]) == (6, 2, 4, "cpu")   # 6 configs: packs of 3
     assert len(got["one_by_one_s"]) == len(got["packed_s"]) == 2 and min(got["one_by_one_s"] + got["packed_s"]) > 0
     assert got["ratio"] == pytest.approx(got["trials_per_min_packed"] / got["trials_per_min_one_by_one"])
+
+
+def test_pack_benchmark_against_a_baseline(tmp_path):
+    """`--sweep --baseline DIR`: each timing in a fresh process whose fedsweep is the named checkout's
+    (first on the path, before the editable install), the baseline's first, in turn."""
+    sweep = tmp_path / "b.yaml"
+    sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "methods": {"fedavg": {}, "fedprox": {}}, "seeds": [0, 1]}))
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / "fedsweep", base / "fedsweep")
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep), "--threads", "1",
+                           "--skip-packed", "--repeat", "2", "--baseline", str(base), "--json", str(out)],
+                          check=True, capture_output=True, text=True, cwd=tmp_path)
+    got = json.loads(out.read_text())
+    # each side's processes trained with its own checkout's fedsweep (the script checks what they imported)
+    assert got["baseline"]["code"] == str(base.resolve()) and got["now"]["code"] == str(ROOT.resolve())
+    for side in ("baseline", "now"):
+        assert len(got[side]["one_by_one_s"]) == 2 and "packed_s" not in got[side]
+        assert set(got[side]["ms_a_trial_by_method"]) == {"fedavg", "fedprox"}
+    lines = proc.stderr.splitlines()
+    assert [ln.split()[1] for ln in lines if ln.startswith("[")] == ["baseline", "now"] * 2
 
 
 def test_pack_memory_benchmark(tmp_path):
