@@ -193,22 +193,35 @@ def quiet_store_logs() -> None:
 
 
 def open_experiment(uri: str, name: str):
-    """(an MlflowClient of the store at ``uri``, the id of experiment ``name``, created if missing).
+    """(an MlflowClient of the store at ``uri``, the id of experiment ``name``, created if missing):
+    :func:`open_store`, then :func:`experiment_id`."""
+    client = open_store(uri)
+    return client, experiment_id(client, name, uri)
 
-    The client's construction creates a fresh sqlite store's schema (alembic migrations, ~2 s); two
-    processes doing that at once fail in the migration, and two creating one experiment collide on
-    its unique name: for a sqlite store both happen under a lock on the store's folder."""
+
+def open_store(uri: str):
+    """An MlflowClient of the store at ``uri``. Its construction creates a fresh sqlite store's schema
+    (alembic migrations, ~2 s); two processes doing that at once fail in the migration, so for a
+    sqlite store it happens under a lock on the store's folder."""
     from mlflow import MlflowClient
 
     from fedsweep.locks import store_lock
     if not uri.startswith("sqlite:///"):
-        client = MlflowClient(tracking_uri=uri)
-        return client, _get_or_create(client, name, uri)
+        return MlflowClient(tracking_uri=uri)
     folder = sqlite_path(uri).parent
     folder.mkdir(parents=True, exist_ok=True)
     with store_lock(folder):
-        client = MlflowClient(tracking_uri=uri)
-        return client, _get_or_create(client, name, uri)
+        return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client, name: str, uri: str) -> str:
+    """The id of experiment ``name`` in ``client``'s store, created if missing; two processes creating
+    one experiment collide on its unique name, so for a sqlite store under the store folder's lock."""
+    from fedsweep.locks import store_lock
+    if not uri.startswith("sqlite:///"):
+        return _get_or_create(client, name, uri)
+    with store_lock(sqlite_path(uri).parent):
+        return _get_or_create(client, name, uri)
 
 
 def _get_or_create(client, name: str, uri: str) -> str:

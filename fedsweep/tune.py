@@ -181,20 +181,22 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
     from concurrent.futures import ThreadPoolExecutor
 
     from fedsweep.cluster import check_trial_fits, ray_session, remove_session
-    from fedsweep.tracking import open_experiment, quiet_store_logs
+    from fedsweep.tracking import experiment_id, open_store, quiet_store_logs
     quiet_store_logs()   # the driver imports neither Lightning (~4 s) nor torch (~0.8 s)
     experiment = sweep.mlflow.experiment or sweep.name
     with ThreadPoolExecutor(1) as pool:
         # MLflow's import and the store's opening (its schema migrations, for a new store) take
-        # seconds, mostly while Ray starts its processes: overlap them. Runs are written only once
-        # Ray is up.
-        store = pool.submit(open_experiment, uri, experiment)
+        # seconds, mostly while Ray starts its processes: overlap them. The experiment and the runs
+        # are written only once Ray is up and the trials fit on it: a sweep refused there leaves no
+        # experiment behind (only a store that did not exist yet, as its schema).
+        store = pool.submit(open_store, uri)
         with ray_session(address, mode=mode) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
             waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=str(path))
             if waiting:
                 print(waiting, file=sys.stderr)
-            client, exp_id = store.result()
+            client = store.result()
+            exp_id = experiment_id(client, experiment, uri)
             if superseded:
                 _close_superseded(client, superseded)
             result = _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
