@@ -141,7 +141,7 @@ class FedLGA(Algorithm):
             w_hat = w + delta[full].mean(0)                                         # Alg. 2 line 8
         elif self.params.fallback == "extrapolate":
             scale = (plan.expected_work / plan.work.clamp(min=1)).to(delta)
-            w_hat = w + (delta * scale.unsqueeze(1))[slow].mean(0)
+            w_hat = w + (d * scale[rows].unsqueeze(1)).mean(0)                     # the stragglers' rows only
         else:
             return delta
         v = w_hat - (w + d)                                                         # ŵ − w_i
