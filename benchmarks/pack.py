@@ -27,7 +27,7 @@ CPU: ``benchmarks/sweep.py``)::
 Each trial is also timed alone: ``ms_a_trial_by_method`` holds the mean of each method's trials.
 With ``--baseline DIR`` (another checkout of fedsweep) every timing runs in a fresh process, the
 baseline's first and then this checkout's, ``--repeat`` times in turn, so a change to a round's
-work is judged against the code before it under the same machine conditions, in a tenth of the
+work is judged against the code before it under the same machine conditions, in a fifth of the
 time of ``benchmarks/sweep.py --baseline`` (which adds Ray and MLflow)::
 
     git worktree add /tmp/base <commit>
@@ -168,7 +168,8 @@ def against_baseline(args) -> dict:
                 cmd += ["--threads", str(args.threads)] if args.threads else []
                 cmd += ["--skip-packed"] if args.skip_packed else []
                 # the checkout's own fedsweep, first on the path (an editable install is later on it)
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+                path = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+                env = {**os.environ, "PYTHONPATH": path}
                 proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
                 if proc.returncode:
                     sys.exit(f"{name} ({code}) failed:\n{proc.stderr[-3000:]}")
@@ -176,10 +177,10 @@ def against_baseline(args) -> dict:
                 if r["fedsweep"] != str(code):
                     sys.exit(f"{name}: the process imported fedsweep from {r['fedsweep']}, not {code}")
                 runs[name].append(r)
+                packed = f", packed {r['packed_s'][0]:.2f} s" if "packed_s" in r else ""
+                per_trial = ", ".join(f"{k} {v:.0f}" for k, v in r["ms_a_trial_by_method"].items())
                 print(f"[{i + 1}/{args.repeat}] {name:<8} {r['trials']} trials one after another "
-                      f"{r['one_by_one_s'][0]:.2f} s" + (f", packed {r['packed_s'][0]:.2f} s" if "packed_s" in r else "") +
-                      "; ms a trial: " + ", ".join(f"{k} {v:.0f}" for k, v in r["ms_a_trial_by_method"].items()),
-                      file=sys.stderr, flush=True)
+                      f"{r['one_by_one_s'][0]:.2f} s{packed}; ms a trial: {per_trial}", file=sys.stderr, flush=True)
     res = {"sweep": args.sweep, "pack": args.pack, "repeat": args.repeat, "order": "baseline first, each time"}
     for name, code in codes.items():
         rs = runs[name]

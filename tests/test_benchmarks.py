@@ -95,8 +95,9 @@ def test_pack_benchmark_against_a_baseline(tmp_path):
     base = tmp_path / "base"
     shutil.copytree(ROOT / "fedsweep", base / "fedsweep")
     out = tmp_path / "ab.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep), "--threads", "1",
-                           "--skip-packed", "--repeat", "2", "--baseline", str(base), "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep),
+                           "--threads", "1", "--skip-packed", "--repeat", "2", "--baseline", str(base),
+                           "--json", str(out)],
                           check=True, capture_output=True, text=True, cwd=tmp_path)
     got = json.loads(out.read_text())
     # each side's processes trained with its own checkout's fedsweep (the script checks what they imported)
