@@ -113,6 +113,7 @@ def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10
 def sweep_trials(path: str, pack, device: str, repeat: int = 1, packed_too: bool = True) -> dict:
     """The trials of sweep ``path`` on ``device``, one after another and (``packed_too``) in the packs
     ``pack: N`` makes (see the docstring); the median of ``repeat`` timings of each."""
+    import fedsweep
     from fedsweep.pack import train_packed
     from fedsweep.run import train
     from fedsweep.sweep import expand, load_sweep, pack_units
@@ -143,7 +144,6 @@ def sweep_trials(path: str, pack, device: str, repeat: int = 1, packed_too: bool
         print(f"[{i + 1}/{repeat}] {len(cfgs)} trials one after another {one_by_one[-1]:.2f} s" +
               (f", in {len(units)} packs {packed[-1]:.2f} s" if packed_too else ""), file=sys.stderr, flush=True)
     a = statistics.median(one_by_one)
-    import fedsweep
     out = {"sweep": path, "pack": pack, "trials": len(cfgs), "packs": len(units), "one_by_one_s": one_by_one,
            "fedsweep": str(Path(fedsweep.__file__).resolve().parents[1]),      # the checkout that trained
            "ms_a_trial_by_method": {k: 1e3 * statistics.fmean(v) for k, v in by_method.items()},

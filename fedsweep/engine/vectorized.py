@@ -131,12 +131,8 @@ class VectorizedEngine:
             # Each part goes straight to its clients' rows in plan order: one copy of every row, and
             # the uploads need no reordering after client_final (a (K, n) gather of each of them).
             parts = [(state, loss_sum), *finished[::-1]]       # sorted order: the rows that stopped last first
-            at, rows = 0, []
-            for _, rows_loss in parts:
-                rows.append(dev_order[at:at + rows_loss.shape[0]])
-                at += rows_loss.shape[0]
-            state = {key: _scatter_rows(K, [p[key] for p, _ in parts], rows) for key in state}
-            loss_sum = _scatter_rows(K, [rows_loss for _, rows_loss in parts], rows)
+            state = {key: _in_plan_order(dev_order, [p[key] for p, _ in parts]) for key in state}
+            loss_sum = _in_plan_order(dev_order, [rows_loss for _, rows_loss in parts])
         w, probe_b, steps = w_plan, probe_plan, steps_plan
 
         if self.rowwise:   # the algorithm's client_final on the stacked clients directly, as its steps
@@ -156,9 +152,12 @@ class VectorizedEngine:
         return uploads, loss
 
 
-def _scatter_rows(K: int, parts: list[torch.Tensor], rows: list[torch.Tensor]) -> torch.Tensor:
-    """A (K, ...) tensor whose rows ``rows[j]`` are ``parts[j]``; the rows of all parts are the K rows."""
-    out = torch.empty((K, *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
-    for part, at in zip(parts, rows):
-        out.index_copy_(0, at, part)
+def _in_plan_order(order: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The K rows of ``parts`` (consecutive runs of the rows sorted by ``order``: sorted row i is plan
+    row ``order[i]``) as one (K, ...) tensor in plan order, each row copied once."""
+    out = torch.empty((order.numel(), *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
+    at = 0
+    for part in parts:
+        out.index_copy_(0, order[at:at + part.shape[0]], part)
+        at += part.shape[0]
     return out
