@@ -59,6 +59,29 @@ def test_chain_gradient_equals_autograd(net, shape, classes):
     torch.testing.assert_close(one_g, g[1], rtol=1e-12, atol=1e-12)
 
 
+
+def test_chain_gradient_reads_any_layout_of_w():
+    """ChainGrad views each parameter of w with ``as_strided``: rows that start inside a larger
+    buffer (a storage offset, as the engine's w[:k] and sliced states), one row shared by all
+    (stride 0) and a non-unit last stride must give the contiguous copy's numbers exactly."""
+    fm = FunctionalModel(Deep().double())
+    chain, K = batched.ChainGrad(fm), 3
+    x, y, weight = batches(K, 5, (3, 4), 4, seed=1)
+    base = torch.randn(K + 2, fm.dim + 3, dtype=torch.float64)
+    layouts = {
+        "offset rows": base[1:K + 1, 2:fm.dim + 2],
+        "shared row": base[0, :fm.dim].expand(K, -1),
+        "strided": torch.randn(K, 2 * fm.dim, dtype=torch.float64)[:, ::2],
+        "transposed": torch.randn(fm.dim, K, dtype=torch.float64).t(),
+    }
+    for name, w in layouts.items():
+        loss, g = chain(w, x, y, weight)
+        ref_loss, ref_g = chain(w.contiguous(), x, y, weight)
+        assert torch.equal(g, ref_g) and torch.equal(loss, ref_loss), name
+        assert torch.equal(chain.loss(w, x, y, weight), ref_loss), name
+        torch.testing.assert_close(g[1], autograd_ops(fm).grad(w[1], (x[1], y[1], weight[1]))[1],
+                                   rtol=1e-10, atol=1e-12)
+
 def test_only_linear_relu_flatten_chains_take_the_fast_path():
     from fedsweep.models import CNN, LeNet5
     assert not batched.supports(FunctionalModel(CNN((1, 8, 8), 10)))

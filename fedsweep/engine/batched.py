@@ -18,6 +18,8 @@ the tests check this gradient against autograd and both engines against each oth
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -37,69 +39,92 @@ def supports(fmodel) -> bool:
 
 
 class ChainGrad:
-    """Loss and gradient of K flat parameter vectors (K, n) on K batches (K, B, ...)."""
+    """Loss and gradient of K flat parameter vectors (K, n) on K batches (K, B, ...).
+
+    The chain is compiled once into a program of (kind, where its parameters lie in the flat
+    vector), so a call does no name lookups, and each parameter's (K, ...) view of ``w`` and of the
+    gradient is one ``as_strided`` (FedLGA MLP, K = 8, 1 thread: 370 -> 300 µs a call, bit for bit
+    the same; the five matmuls themselves take ~110 µs of it)."""
 
     def __init__(self, fmodel):
         self.fmodel = fmodel
-        self.layers = [(leaf, dict(names)) for (_, leaf), names in zip(fmodel.chain, fmodel.leaf_params)]
+        offsets = dict(zip(fmodel.names, itertools.accumulate([0, *fmodel.numels])))
+        shapes = dict(zip(fmodel.names, fmodel.shapes))
+        self.program = []   # ("linear", weight offset, (out, in), bias offset or None) | ("relu",) | ("flatten",)
+        for (_, leaf), names in zip(fmodel.chain, fmodel.leaf_params):
+            names = dict(names)
+            if isinstance(leaf, nn.Linear):
+                bias = names.get("bias")
+                self.program.append(("linear", offsets[names["weight"]], tuple(shapes[names["weight"]]),
+                                     None if bias is None else offsets[bias]))
+            else:
+                self.program.append(("relu",) if isinstance(leaf, nn.ReLU) else ("flatten",))
+        self.first_linear = next(i for i, op in enumerate(self.program) if op[0] == "linear")
 
-    def _params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each parameter's part of K flat vectors (K, n), shaped (K, *shape); views of ``flat``
-        wherever its layout allows, as it always does for a contiguous ``flat``."""
-        K = flat.shape[0]
-        return {n: v.reshape(K, *s) for n, v, s in zip(self.fmodel.names, torch.split(flat, self.fmodel.numels, 1),
-                                                        self.fmodel.shapes)}
+    @staticmethod
+    def _matrix(flat, at, shape, transposed=False):
+        """Rows ``flat[:, at : at + out·in]`` as (K, out, in) matrices, or (K, in, out) transposed:
+        one view of ``flat`` (whose last dim has stride 1)."""
+        out_f, in_f = shape
+        if transposed:
+            return flat.as_strided((flat.shape[0], in_f, out_f), (flat.stride(0), 1, in_f), flat.storage_offset() + at)
+        return flat.as_strided((flat.shape[0], out_f, in_f), (flat.stride(0), in_f, 1), flat.storage_offset() + at)
+
+    def _forward(self, w, x, tape):
+        """The logits (K, B, classes); ``tape`` gets what backward needs of each op, in order."""
+        K, a = w.shape[0], x
+        for op in self.program:
+            if op[0] == "linear":
+                _, at, shape, bias_at = op
+                tape.append(a)
+                Wt = self._matrix(w, at, shape, transposed=True)
+                if bias_at is None:
+                    a = torch.bmm(a, Wt)
+                else:   # the bias as (K, 1, out), broadcast over the batch
+                    b = w.as_strided((K, 1, shape[0]), (w.stride(0), shape[0], 1), w.storage_offset() + bias_at)
+                    a = torch.baddbmm(b, a, Wt)
+            elif op[0] == "relu":
+                a = a.clamp_min(0)
+                tape.append(a)                       # relu's output: its backward passes δ where it is > 0
+            else:                                    # Flatten
+                tape.append(a.shape)
+                a = a.reshape(K, a.shape[1], -1)
+        return a
 
     def loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The (K,) losses alone (a forward pass)."""
-        logp = torch.log_softmax(self._forward(w, x, [])[0], dim=-1)
+        w = w if w.stride(-1) == 1 else w.contiguous()
+        logp = torch.log_softmax(self._forward(w, x, []), dim=-1)
         return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * weight).sum(-1)
 
-    def _forward(self, w, x, tape):
-        K = w.shape[0]
-        params = self._params(w)
-        a = x
-        for leaf, names in self.layers:              # forward, keeping what backward needs
-            if isinstance(leaf, nn.Linear):
-                W, b = params[names["weight"]], params.get(names.get("bias"))
-                tape.append(("linear", names, a, W))
-                a = torch.bmm(a, W.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), a, W.transpose(1, 2))
-            elif isinstance(leaf, nn.ReLU):
-                tape.append(("relu", a > 0))
-                a = a.clamp_min(0)
-            else:                                    # Flatten
-                tape.append(("flatten", a.shape))
-                a = a.reshape(K, a.shape[1], -1)
-        return a, params
-
     def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor):
+        w = w if w.stride(-1) == 1 else w.contiguous()
         K = w.shape[0]
         tape = []
-        a, _ = self._forward(w, x, tape)
-        logp = torch.log_softmax(a, dim=-1)
-        loss = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * weight).sum(-1)
-        delta = logp.exp()                           # ∂L/∂z = (softmax − onehot(y)) · weight
-        delta.scatter_add_(-1, y.unsqueeze(-1), -torch.ones_like(delta[..., :1]))
-        delta = delta * weight.unsqueeze(-1)
+        logp = torch.log_softmax(self._forward(w, x, tape), dim=-1)
+        y1 = y.unsqueeze(-1)
+        loss = -(logp.gather(-1, y1).squeeze(-1) * weight).sum(-1)
+        delta = logp.exp_()                          # ∂L/∂z = (softmax − onehot(y)) · weight
+        delta.scatter_add_(-1, y1, torch.full_like(y1, -1, dtype=delta.dtype))
+        delta.mul_(weight.unsqueeze(-1))
 
         # Each layer's gradient is written straight into its part of the flat gradient (no
         # concatenation after: 140 -> 100 µs a backward pass of the FedLGA MLP, K = 10, on 2 CPU cores).
         g = torch.empty(K, self.fmodel.dim, dtype=w.dtype, device=w.device)
-        slots = self._params(g)                      # views: what is written there lands in g
-        for i in range(len(tape) - 1, -1, -1):       # backward
-            kind = tape[i][0]
-            if kind == "linear":
-                _, names, a_in, W = tape[i]
-                torch.bmm(delta.transpose(1, 2), a_in, out=slots[names["weight"]])
-                if "bias" in names:
-                    torch.sum(delta, 1, out=slots[names["bias"]])
-                if not any(t[0] == "linear" for t in tape[:i]):
+        for i in range(len(self.program) - 1, -1, -1):   # backward
+            op = self.program[i]
+            if op[0] == "linear":
+                _, at, shape, bias_at = op
+                torch.bmm(delta.transpose(1, 2), tape[i], out=self._matrix(g, at, shape))
+                if bias_at is not None:
+                    torch.sum(delta, 1, out=g.narrow(1, bias_at, shape[0]))
+                if i == self.first_linear:
                     break                            # nothing to learn below the first layer
-                delta = torch.bmm(delta, W)
-            elif kind == "relu":
-                delta = delta * tape[i][1]
+                delta = torch.bmm(delta, self._matrix(w, at, shape))
+            elif op[0] == "relu":
+                delta = torch.ops.aten.threshold_backward(delta, tape[i], 0)   # δ ⊙ [relu output > 0]
             else:
-                delta = delta.reshape(tape[i][1])
+                delta = delta.reshape(tape[i])
         return loss, g
 
 
