@@ -124,6 +124,20 @@ def test_divergence_stops_and_is_reported():
     assert summarize(cfg, m.history, m.diverged)["status"] == "diverged"
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), None])
+def test_a_round_that_leaves_the_model_non_finite_is_divergence(bad):
+    """The clients' loss can be finite while the server step overflows the model: the model itself
+    is checked, every value of it (one bad entry among n), and a finite model is not divergence."""
+    from fedsweep.module import FederatedModule
+    m = FederatedModule(build_config(tiny_raw(rounds=5, eval={"every": 100})))
+    with torch.no_grad():
+        m.w.fill_(3e38)                     # large but finite: 0·w still sums to 0
+        if bad is not None:
+            m.w[m.w.numel() // 2] = bad
+    assert m.record_round({"round": 1, "train/loss": 0.5}) is (bad is not None)
+    assert m.diverged is (bad is not None)
+
+
 def test_validate_evaluates_a_checkpoint(tmp_path):
     import lightning as L
 
