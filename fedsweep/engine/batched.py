@@ -59,7 +59,7 @@ class ChainGrad:
                                      None if bias is None else offsets[bias]))
             else:
                 self.program.append(("relu",) if isinstance(leaf, nn.ReLU) else ("flatten",))
-        self.first_linear = next(i for i, op in enumerate(self.program) if op[0] == "linear")
+        self.first_linear = next((i for i, op in enumerate(self.program) if op[0] == "linear"), None)
 
     @staticmethod
     def _matrix(flat, at, shape, transposed=False):
