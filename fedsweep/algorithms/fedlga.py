@@ -111,14 +111,12 @@ class FedLGA(Algorithm):
         return upload
 
     # ----- server -----------------------------------------------------------------------------
-    def client_gradients(self, uploads, plan, rows=None) -> torch.Tensor:
-        """g_i (K, n) per ``grad_source``; with ``rows`` (client positions), those clients' alone."""
+    def client_gradients(self, uploads, plan, rows: torch.Tensor) -> torch.Tensor:
+        """g_i per ``grad_source`` of the clients at positions ``rows`` (len(rows), n)."""
         if self.params.grad_source == "mean":
-            delta, steps = uploads["delta"], plan.steps.clamp(min=1).to(uploads["delta"])
-            if rows is not None:
-                delta, steps = delta[rows], steps[rows]
-            return -delta / (plan.lr * steps).unsqueeze(1)
-        return uploads["grad"] if rows is None else uploads["grad"][rows]
+            steps = plan.steps.clamp(min=1).to(uploads["delta"])[rows]
+            return -uploads["delta"][rows] / (plan.lr * steps).unsqueeze(1)
+        return uploads["grad"][rows]
 
     def compensated(self, w, uploads, plan) -> torch.Tensor:
         """Δ̂ (K, n): Δ_i for clients that completed E, the ``reading`` of eq. (4)–(6) for stragglers.
