@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -200,12 +201,13 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
             run_id = self._run_for(trial, index)
+            made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
             if key in self.closed:
                 self.flush(key)
+                _remove_logged(made)   # a resumed sweep's run that was done before the interruption
                 return
             self.closed.add(key)
             tags, metrics = {"fedsweep.status": status}, []
-            made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
             if status in ("finished", "diverged") and (made / "summary.json").is_file():
                 # the worker rendered them at its end (trainable.run_unit): only log them
                 summary = {**json.loads((made / "summary.json").read_text()), "status": status}
@@ -229,8 +231,23 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 tags["fedsweep.error"] = error[:5000]
             self.flush(key, metrics=metrics, tags=tags)   # the last rows, the summary and the status at once
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
+            _remove_logged(made)
 
     return MlflowTrials()
+
+
+def _remove_logged(made: Path) -> None:
+    """The worker's copy of a run's artifacts, once MLflow holds them and the run is closed (a second
+    copy of every run's artifacts in the sweep's storage otherwise, ~90 KB a run); its trial's folder
+    and ``trial_artifacts/`` go with their last run. A driver killed before its final status was
+    written finds the run open on ``--resume`` and logs the folder again; one killed after finds the
+    run done and removes the folder then."""
+    shutil.rmtree(made, ignore_errors=True)
+    for folder in (made.parent, made.parent.parent):
+        try:
+            folder.rmdir()         # only if empty: another member's or trial's artifacts may wait there
+        except OSError:
+            break
 
 
 class _HistoryOnly:

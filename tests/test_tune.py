@@ -103,10 +103,12 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
             assert r.data.metrics["summary/rounds"] == 4 and "best/test_accuracy" in r.data.metrics
 
 
-def test_the_driver_writes_no_second_copy_of_the_metrics(finished_sweep):
+def test_the_driver_writes_no_second_copy_of_the_metrics_or_artifacts(finished_sweep):
     """Tune's default loggers (result.json, progress.csv, TensorBoard events in every trial's
-    folder) would write each metric row again beside MLflow, in the driver, at every report."""
+    folder) would write each metric row again beside MLflow, in the driver, at every report; and
+    the artifacts each worker draws for the driver to log stay only until MLflow holds them."""
     tmp, _, _ = finished_sweep
+    assert not (tmp / "fedsweep_runs" / "tiny" / "trial_artifacts").exists()
     trial_dirs = [p for p in (tmp / "fedsweep_runs" / "tiny").iterdir() if p.name.startswith("run_unit_")]
     assert len(trial_dirs) == 8
     written = {f.name for d in trial_dirs for f in d.rglob("*") if f.is_file()}
@@ -321,6 +323,7 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     from ray.tune.experiment import Trial
 
     from fedsweep.config import RunConfig
+    from fedsweep.trainable import trial_artifacts
     from fedsweep.tune import _trial_payload
     from fedsweep.tune_callbacks import make_mlflow_callback
     sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
@@ -351,6 +354,14 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     again = cloudpickle.loads(cloudpickle.dumps(writer))
     again.on_trial_start(0, [trial], trial)
     assert client.get_run(run_id).info.status == "FINISHED" and ("t1", 1) in again.closed
+    # Tune's replay ends that trial again: the run is kept as it was, and the artifacts its worker
+    # drew again (or had drawn before the kill) are not logged a second time, only removed.
+    made = trial_artifacts(str(tmp_path / "ckpt"), "t1", 1)
+    made.mkdir(parents=True)
+    (made / "summary.json").write_text("{}")
+    again.on_trial_complete(0, [trial], trial)
+    assert not (tmp_path / "trial_artifacts").exists()
+    assert client.get_run(run_id).info.status == "FINISHED" and client.list_artifacts(run_id) == []
 
 
 def test_metric_batches_keep_rounds_whole_and_the_summary_last():

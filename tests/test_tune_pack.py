@@ -37,6 +37,7 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
 
     client, runs = trial_runs(uri, "p")
     assert len(runs) == 8 and len({r.data.tags["fedsweep.pack"] for r in runs}) == 2
+    assert not (tmp_path / "fedsweep_runs" / "p" / "trial_artifacts").exists()   # logged, then removed
     by_label = {r.info.run_name: r for r in runs}
     for t in trials:
         r = by_label[t.label]
