@@ -3,8 +3,8 @@
 - :class:`MlflowTrials` (``make_mlflow_callback``) is the only MLflow writer of a sweep: one child
   run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
   ``fedsweep.trial`` tags after a ``--resume``; metric rows written at most every ``FLUSH_SECONDS``
-  per run; at the end, the artifacts the worker rendered (or, for a stopped or failed trial, ones
-  made from its last checkpoint);
+  per run, and all of them at its last report; at the end, the artifacts the worker rendered (or,
+  for a stopped or failed trial, ones made from its last checkpoint);
 - a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
   ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
 - ``make_progress_callback``: a line per finished trial and a status line every 10 s.
@@ -25,7 +25,7 @@ from fedsweep.tracking import MLFLOW_STATUS
 from fedsweep.trainable import trial_artifacts, trial_checkpoint
 
 FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
-# Metric rows reach MLflow at most this often per run (and all of them when the trial ends): a write
+# Metric rows reach MLflow at most this often per run (and all of them at its last report): a write
 # costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
 # pack of 36 configs written every 2 s kept it busy half the time while the workers waited.
 FLUSH_SECONDS = 10.0
@@ -156,7 +156,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose,
                     self.engine_param[key] = part["engine"]                # with the next rows written
                     self.engine_logged.add(key)
-                if time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                if "status" in part or time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
+                    # A member's last report: its rows now, while its worker draws the artifacts,
+                    # rather than at the run's close, which the worker's next trial waits for.
                     self.flush(key)
 
         def on_experiment_end(self, trials, **info):

@@ -364,6 +364,43 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     assert client.get_run(run_id).info.status == "FINISHED" and client.list_artifacts(run_id) == []
 
 
+def test_a_members_last_rows_are_written_at_its_last_report(tmp_path):
+    """Rows reach MLflow at most every FLUSH_SECONDS, except at a member's last report (the one with
+    its status): its rows are written then, while its worker draws the artifacts, not left for the
+    run's close; the run's summary and status still come only with the close."""
+    from mlflow import MlflowClient
+    from ray.tune.experiment import Trial
+
+    from fedsweep.tune import _trial_payload
+    from fedsweep.tune_callbacks import make_mlflow_callback
+    sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
+    trials = expand(sweep)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("p")
+    parent = client.create_run(exp).info.run_id
+    writer = make_mlflow_callback(uri, exp, parent, "p", str(tmp_path / "ckpt"),
+                                  [_trial_payload(t, sweep) for t in trials], [[t.index] for t in trials])
+    trial = Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
+    writer.on_trial_start(0, [trial], trial)
+    run_id = writer.runs[("t1", 1)]
+
+    def report(rounds, **final):
+        rows = [{"round": r, "train/loss": 1.0 / r} for r in rounds]
+        writer.on_trial_result(0, [trial], trial, {"members": {"1": {"rows": rows, **final}}})
+        return [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
+    assert report([1, 2]) == [1, 2]                  # the first report is written
+    assert report([3]) == [1, 2]                     # the next waits for FLUSH_SECONDS...
+    assert report([4], status="finished") == [1, 2, 3, 4]   # ...unless it is the member's last
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and run.data.tags["fedsweep.status"] == "running"
+    writer.on_trial_complete(0, [trial], trial)      # no artifacts drawn: the close writes the status
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["fedsweep.status"] == "finished"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2, 3, 4]
+
+
 def test_metric_batches_keep_rounds_whole_and_the_summary_last():
     """A flush's log_batch calls: at most 1000 metrics each (MLflow's limit), no round split over two
     calls, the summary (sent with the status tags) in the last."""
