@@ -311,19 +311,12 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys
         assert steps == list(range(1, 31)), f"each round logged exactly once: {steps}"
 
 
-def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_path):
-    """The driver creates a trial's run, then logs its params: `kill -9` between the two left a run
-    without them (seen once in ten runs of the test above, as a KeyError on `seed`). Tune's restored
-    MLflow writer, finding that run, logs what it lacks and keeps what it has; and it ends a run
-    whose last write went through but whose end did not."""
-    import sqlite3
-
+def _driver_writer(tmp_path):
+    """The sweep driver's MLflow writer for the tiny sweep, on a new store with a parent run, outside
+    Tune, and a Tune trial (``t1``) of its sweep trial 1: (client, writer, payloads, trial)."""
     from mlflow import MlflowClient
-    from ray import cloudpickle
     from ray.tune.experiment import Trial
 
-    from fedsweep.config import RunConfig
-    from fedsweep.trainable import trial_artifacts
     from fedsweep.tune import _trial_payload
     from fedsweep.tune_callbacks import make_mlflow_callback
     sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
@@ -334,8 +327,22 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     parent = client.create_run(exp).info.run_id
     payloads = [_trial_payload(t, sweep) for t in trials]
     writer = make_mlflow_callback(uri, exp, parent, "p", str(tmp_path / "ckpt"), payloads, [[t.index] for t in trials])
+    return client, writer, payloads, Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
+
+
+def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_path):
+    """The driver creates a trial's run, then logs its params: `kill -9` between the two left a run
+    without them (seen once in ten runs of the test above, as a KeyError on `seed`). Tune's restored
+    MLflow writer, finding that run, logs what it lacks and keeps what it has; and it ends a run
+    whose last write went through but whose end did not."""
+    import sqlite3
+
+    from ray import cloudpickle
+
+    from fedsweep.config import RunConfig
+    from fedsweep.trainable import trial_artifacts
+    client, writer, payloads, trial = _driver_writer(tmp_path)
     restored = cloudpickle.loads(cloudpickle.dumps(writer))      # as Tune restores it on --resume
-    trial = Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
     writer.on_trial_start(0, [trial], trial)
     run_id = writer.runs[("t1", 1)]
     expected = {k: str(v) for k, v in RunConfig(**payloads[1]["run"]).flat().items()}
@@ -368,20 +375,7 @@ def test_a_members_last_rows_are_written_at_its_last_report(tmp_path):
     """Rows reach MLflow at most every FLUSH_SECONDS, except at a member's last report (the one with
     its status): its rows are written then, while its worker draws the artifacts, not left for the
     run's close; the run's summary and status still come only with the close."""
-    from mlflow import MlflowClient
-    from ray.tune.experiment import Trial
-
-    from fedsweep.tune import _trial_payload
-    from fedsweep.tune_callbacks import make_mlflow_callback
-    sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
-    trials = expand(sweep)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("p")
-    parent = client.create_run(exp).info.run_id
-    writer = make_mlflow_callback(uri, exp, parent, "p", str(tmp_path / "ckpt"),
-                                  [_trial_payload(t, sweep) for t in trials], [[t.index] for t in trials])
-    trial = Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
+    client, writer, _, trial = _driver_writer(tmp_path)
     writer.on_trial_start(0, [trial], trial)
     run_id = writer.runs[("t1", 1)]
 
