@@ -231,7 +231,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     tags = run_tags(summary)
             if error:
                 tags["fedsweep.error"] = error[:5000]
-            self.flush(key, metrics=metrics, tags=tags)   # the last rows, the summary and the status at once
+            self.flush(key, metrics=metrics, tags=tags)   # rows still waiting, the summary and the status at once
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
             _remove_logged(made)
 
