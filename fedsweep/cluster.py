@@ -75,12 +75,11 @@ def check_reachable(address: str, timeout: float = 3.0) -> tuple[str, int]:
     return host, int(port)
 
 
-def check_auth(address: str, mode: str, token: str | None, where: str, timeout: float = 3.0) -> None:
-    """One gRPC call to the head's GCS (GetClusterId, empty request) with the credentials ray.init
-    would send; an UNAUTHENTICATED answer becomes a one-line error that says what to set."""
+def _head_accepts(address: str, metadata: list, timeout: float = 3.0) -> bool:
+    """One gRPC call to the head's GCS (GetClusterId, empty request) with ``metadata``: True if
+    answered, False if refused as unauthenticated; a ConfigError if the head does not answer."""
     import grpc
     host, port = check_reachable(address)
-    metadata = [("authorization", f"Bearer {token}")] if mode == "token" else []
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")   # bytes in, bytes out
         try:
@@ -89,18 +88,36 @@ def check_auth(address: str, mode: str, token: str | None, where: str, timeout: 
             if e.code() != grpc.StatusCode.UNAUTHENTICATED:
                 raise ConfigError(f"--address {address}: the Ray head does not answer ({e.code().name}: "
                                   f"{e.details()})") from None
-            if mode == "token":
-                raise ConfigError(f"--address {address}: the Ray cluster rejected the token from {where}; set "
-                                  "RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` on the head)") from None
-            raise ConfigError(f"--address {address}: the Ray cluster requires token authentication and no token "
-                              f"was found ({where}); set RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` "
-                              "on the head) or copy it to ~/.ray/auth_token") from None
+            return False
+    return True
+
+
+def check_auth(address: str, mode: str, token: str | None, where: str, timeout: float = 3.0) -> None:
+    """The head accepts the credentials ray.init would send in ``mode``; if not, a one-line error
+    that says what to set."""
+    metadata = [("authorization", f"Bearer {token}")] if mode == "token" else []
+    if _head_accepts(address, metadata, timeout):
+        return
+    if mode == "token":
+        raise ConfigError(f"--address {address}: the Ray cluster rejected the token from {where}; set "
+                          "RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` on the head)")
+    raise ConfigError(f"--address {address}: the Ray cluster requires token authentication and no token "
+                      f"was found ({where}); set RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` "
+                      "on the head) or copy it to ~/.ray/auth_token")
 
 
 def check_cluster(address: str) -> str:
     """The auth mode to reach the head at ``address`` with, once the head has accepted it (one line
-    saying what to set otherwise)."""
+    saying what to set otherwise). A head that runs without token authentication is joined without
+    it, even where a token is found here (a local ``ray.init`` writes ~/.ray/auth_token): a driver in
+    token mode demands the token of every Ray process that calls it, those of such a cluster send
+    none, and every trial ended with "The actor never ran - it was cancelled before it started running"."""
     mode, token, where = auth_mode()
+    if mode == "token" and _head_accepts(address, []):
+        if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+            raise ConfigError(f"--address {address}: RAY_AUTH_MODE=token, but the Ray head there runs without "
+                              "token authentication; unset RAY_AUTH_MODE")
+        return "disabled"
     check_auth(address, mode, token, where)
     return mode
 

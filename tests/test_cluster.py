@@ -26,17 +26,25 @@ def fedsweep(tmp_path, home, *args, **env):
 
 
 def test_head_without_token_and_fractional_gpus(tmp_path, tmp_path_factory):
-    """No token anywhere: the head runs without auth and so must the driver (it used to demand a
-    token and die in Ray's native check). The head advertises one GPU: `gpu: 0.25` puts four
-    trials on it at once, and each still trains (on the CPU, as CUDA is absent here)."""
+    """No token where the head started: it runs without auth, and so must the driver (it used to
+    demand a token and die in Ray's native check), even once the driver's machine has a token of its
+    own (a local `ray.init`, such as a sweep run without --address, writes one to ~/.ray/auth_token):
+    a driver in token mode against such a head ended every trial with "The actor never ran". The
+    head advertises one GPU: `gpu: 0.25` puts four trials on it at once, and each still trains (on
+    the CPU, as CUDA is absent here)."""
     home = tmp_path_factory.mktemp("home")
     with ray_head(home, num_gpus=1, num_cpus=2) as address:
+        (home / ".ray").mkdir()
+        (home / ".ray" / "auth_token").write_text("f" * 64)      # written after the head started
         base = {**TINY["base"], "device": "auto", "rounds": 30, "eval": {"every": 10}}
         path = sweep_file(tmp_path, "gpu", base=base, grid={"local.lr": [0.05, 0.1, 0.2, 0.3]},
                           resources={"cpu": 0.25, "gpu": 0.25})
         done = fedsweep(tmp_path, home, "tune", path, "--address", address)
+        forced = fedsweep(tmp_path, home, "tune", path, "--address", address, RAY_AUTH_MODE="token")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert not (home / ".ray" / "auth_token").exists()
+    assert forced.returncode == 2 and forced.stderr.strip() == (
+        f"fedsweep: error: --address {address}: RAY_AUTH_MODE=token, but the Ray head there runs without token "
+        "authentication; unset RAY_AUTH_MODE")
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "gpu")
     assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["finished"] * 4
     assert {r.data.params["device"] for r in runs} == {"auto"}
