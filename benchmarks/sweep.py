@@ -19,10 +19,9 @@ Measured, in this order, each on the same machine with nothing else running:
    ((wall − start-up) × concurrency / trials − mean in-process trial time), and its seconds over
    step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/trainable.py):
    when its first trial started, and the seconds its trials spent training (the first one's
-   Lightning import included), in their final report (a checkpoint, then Tune's synchronous
-   report: the wait for the driver, while the artifacts are drawn beside it), waiting for the
-   artifacts the report left to draw, and between trials (Tune's gap); with a scheduler the
-   artifacts come before the final report, and trials cut short (stopped, or crashed) count apart
+   Lightning import included), drawing their artifacts (which the final report carries), in their
+   final report (a checkpoint, then Tune's synchronous report: the wait for the driver), and
+   between trials (Tune's gap); trials cut short (stopped, or crashed) count apart
    (``cut_short_s``); then
    ``fedsweep report`` of the sweep, from its store;
 5. the same with ``pack:`` set (``--pack``): wall time and trials per minute against step 4 (not
@@ -176,10 +175,10 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
         into = {"trained": "training_s", "artifacts": "artifacts_s", "reported": "final_report_s",
                 "start": "between_trials_s"}
         for (t0, before), (t1, phase) in zip(marks, marks[1:]):
-            # A trial ends at its last mark ("artifacts"; "reported" in checkouts before the artifacts
-            # were drawn during the final report; with a scheduler "artifacts" comes before the report,
-            # which may stop the trial). A start right after a start: the trial before ended before its
-            # last round, stopped by a scheduler or crashed, and its time is ``cut_short_s``.
+            # A trial ends at its last mark ("reported"; "artifacts" in checkouts that drew the artifacts
+            # while the final report waited, and with a scheduler that stopped the trial at that report).
+            # A start right after a start: the trial before ended before its last round, stopped by a
+            # scheduler or crashed, and its time is ``cut_short_s``.
             if phase != "start" or before in ("artifacts", "reported"):
                 spent[into[phase]] += t1 - t0
             elif before == "start":
@@ -192,8 +191,8 @@ def worker_timelines(folder: Path, start: float) -> list[dict]:
 
 # A worker's phases as timeline_png draws them: (the mark that ends the phase, its colour, its label).
 PHASES = {"trained": ("tab:blue", "training"),
-          "artifacts": ("tab:orange", "artifacts (curves.png, CSVs): what the final report left to draw"),
-          "reported": ("tab:red", "final report (waits for the driver; artifacts drawn beside it)"),
+          "artifacts": ("tab:orange", "artifacts (curves.png, CSVs), drawn for the final report"),
+          "reported": ("tab:red", "final report (carries the artifacts; waits for the driver)"),
           "start": ("lightgrey", "between trials (Tune)")}
 
 
@@ -256,9 +255,8 @@ def goal_wall(sum_s: float, concurrency: int) -> float:
     return 1.3 * sum_s / concurrency + 10
 
 
-def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str, scheduled: bool = False) -> None:
-    """Medians of one code's measurements into ``res``, and their lines on stdout (``scheduled``: the
-    sweep has a scheduler)."""
+def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: str) -> None:
+    """Medians of one code's measurements into ``res``, and their lines on stdout."""
     if samples["in_process"]:
         res["in_process"] = _median(samples["in_process"], MEASURE["in_process"])
         res["ideal_wall_s"] = res["in_process"]["sum_s"] / concurrency
@@ -300,10 +298,7 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                   f"{w['last_end_s']:.1f} s: training {w['training_s']:.2f} s"
                   + (f" ({w['checkpoints']} checkpoints)" if w.get("checkpoints") else "")
                   + f", final reports {w['final_report_s']:.2f} s, "
-                  f"artifacts {w['artifacts_s']:.2f} s ("
-                  + ("before the final reports, which a scheduler may stop a trial at, the wait then counted "
-                     "between trials" if scheduled else
-                     "after the reports; before them in older checkouts") + "), "
+                  f"artifacts {w['artifacts_s']:.2f} s, "
                   f"between trials {w['between_trials_s']:.2f} s"
                   + (f", trials cut short (stopped or crashed) {w['cut_short_s']:.2f} s" if w.get("cut_short_s")
                      else ""), flush=True)
@@ -390,8 +385,7 @@ def main(argv=None) -> int:
                     print(f"[{i + 1}/{args.repeat}] {c} {step}: {r[MEASURE[step]]:.1f} s", flush=True)
     for c in codes:
         res = out if c == "now" else out.setdefault("baseline", {"code": str(Path(args.baseline).resolve())})
-        _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ",
-                   scheduled=sweep.scheduler is not None)
+        _summarize(res, samples[c], concurrency, args.repeat, label="" if c == "now" else "baseline ")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:

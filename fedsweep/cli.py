@@ -37,14 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="run a sweep file as Ray Tune trials, each logged to MLflow",
                        epilog="exit status: 0 every trial ended (finished, diverged or stopped), 1 interrupted "
                               "(continue with --resume), 2 refused before anything ran (one line naming the key), "
-                              "4 some trials failed (each error printed once)")
+                              "4 some trials failed (each error printed once) or are incomplete (trained, but their "
+                              "summary and artifacts did not reach the driver; the runs named)")
     t.add_argument("sweep", help="sweep YAML (see docs/sweeps.md)")
     t.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     t.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     t.add_argument("--restart", action="store_true", help="discard an unfinished sweep and start over")
     t.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (e.g. 127.0.0.1:6379 after "
                    "`ray start --head`); default: start a local Ray instance")
-    t.add_argument("--storage", metavar="DIR", help="where Ray keeps trial state (default ./fedsweep_runs)")
+    t.add_argument("--storage", metavar="DIR|URI", help="where Ray Tune keeps the sweep's state and each trial its "
+                   "checkpoint (default ./fedsweep_runs); on a cluster every node that runs trials must reach it: a "
+                   "folder mounted at the same path on each (NFS), or a URI such as s3://bucket/path (docs/sweeps.md)")
 
     rp = sub.add_parser("report", help="tables and plots of a finished sweep, read from MLflow")
     rp.add_argument("sweep", help="the sweep YAML that was run")
@@ -87,7 +90,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # A trial's fedsweep.status values (fedsweep.tracking.MLFLOW_STATUS), in the end-of-sweep line.
-STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "interrupted", "running")
+STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "incomplete", "interrupted", "running")
+
+
+def sweep_outcome(result: dict, sweep_path: str) -> str:
+    """The last lines of ``fedsweep tune``: the trials' outcomes, each failure's error once, the runs
+    that ended without their summary (and why), where Ray's logs are kept if something went wrong,
+    and what to run next."""
+    from fedsweep.tracking import ui_command
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
+    if result["unfinished"]:
+        lines = [f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
+                 f"{result['trials']} unfinished: continue with --resume"]
+    else:
+        lines = [f"sweep done: {counts or 'no trials'}"]
+    for error, n in sorted(result["errors"].items(), key=lambda e: -e[1]):
+        lines.append(f"failed ({n} trial{'s' if n > 1 else ''}): {error}")
+    for error, names in sorted(result.get("incomplete_runs", {}).items(), key=lambda e: -len(e[1])):
+        shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        lines.append(f"incomplete ({shown}): {error}")
+    if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed")):
+        lines.append(f"Ray's logs of it: {result['ray_session']}/logs")
+    lines += [f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}",
+              f"compare the trials:  {ui_command(result['tracking_uri'])}",
+              f"report:              fedsweep report {sweep_path}"]
+    return "\n".join(lines)
 
 
 def _dispatch(args) -> int:
@@ -115,21 +142,8 @@ def _dispatch(args) -> int:
                             dry_run=args.dry_run, storage=args.storage)
         if args.dry_run:
             return 0
-        from fedsweep.tracking import ui_command
-        counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
-        if result["unfinished"]:
-            print(f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
-                  f"{result['trials']} unfinished: continue with --resume")
-        else:
-            print(f"sweep done: {counts or 'no trials'}")
-        for error, n in sorted(result["errors"].items(), key=lambda e: -e[1]):
-            print(f"failed ({n} trial{'s' if n > 1 else ''}): {error}")
-        if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed")):
-            print(f"Ray's logs of it: {result['ray_session']}/logs")
-        print(f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}\n"
-              f"compare the trials:  {ui_command(result['tracking_uri'])}\n"
-              f"report:              fedsweep report {args.sweep}")
-        return 1 if result["unfinished"] else 4 if result.get("failed") else 0
+        print(sweep_outcome(result, args.sweep))
+        return 1 if result["unfinished"] else 4 if result.get("failed") or result.get("incomplete") else 0
     if args.command == "report":
         from fedsweep.report import write_report
         from fedsweep.sweep import check_report, expand, load_sweep, reference_method

@@ -160,6 +160,14 @@ def check_trial_fits(cpu: float, gpu: float, address: str | None, source: str = 
             f"{f' --num-gpus {math.ceil(gpu)}' if gpu else ''}`, or a node an autoscaler adds). Ctrl-C stops the sweep")
 
 
+def nodes_a_trial_fits(cpu: float, gpu: float) -> list[dict]:
+    """The alive nodes (``ray.nodes()`` entries) that have a trial's resources: those that may run
+    trials, and so must reach the sweep's storage (a head started with ``--num-cpus 0`` need not)."""
+    import ray
+    return [n for n in ray.nodes() if n.get("Alive") and float(n["Resources"].get("CPU", 0.0)) >= cpu
+            and float(n["Resources"].get("GPU", 0.0)) >= gpu]
+
+
 def _not_the_incomplete_trials(record) -> bool:
     """Drops Tune's closing error line "Trials did not complete: [run_unit_7216d_00002, ...]": fedsweep
     has printed each failed trial by its label, with its error, and the sweep's counts."""

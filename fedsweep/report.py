@@ -12,10 +12,12 @@ How the numbers are made:
 - **Trials.** Every run tagged ``fedsweep.role=trial`` and ``fedsweep.sweep=<sweep>``, from every
   parent run (a sweep may be resumed or rerun). If a ``(config_id, seed)`` appears more than once,
   the latest finished/diverged run is kept (else the latest run).
-- **Scored trials** are those ``finished``, ``diverged`` or ``stopped`` (by the scheduler);
-  ``running``/``failed`` ones are listed but not scored (each failed run's error once, in "Failed
-  trials"); a sweep with nothing scored is an error. A diverged trial counts as accuracy 0 and as
-  never reaching the target.
+- **Scored trials** are those ``finished``, ``diverged`` or ``stopped`` (by the scheduler) with a
+  summary; ``running``/``failed`` ones are listed but not scored (each failed run's error once, in
+  "Failed trials"), and so are ``incomplete`` ones, which trained but whose summary never reached
+  MLflow (a run of an older fedsweep that ended without its summary counts as one): each is named,
+  with the reason, in "Incomplete runs". A sweep with nothing scored is an error. A diverged trial
+  counts as accuracy 0 and as never reaching the target.
 - **Settings vs tuned params.** Params that vary across trials (``seed``, ``algorithm.name`` and
   ``mlflow.*`` aside) are either *settings* -- the keys in ``setting_keys``, default
   ``heterogeneity.rho`` -- under which methods are compared, or *tuned* hyperparameters. The best
@@ -63,8 +65,8 @@ def _number(value: str):
 def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.DataFrame:
     """One row per trial of ``sweep`` in ``experiment``, duplicates of a (config_id, seed) dropped.
 
-    Columns: ``run_id, parent_run_id, method, config_id, seed, status, error`` (a failed run's
-    ``fedsweep.error``, else empty), ``start_time, end_time``, the
+    Columns: ``run_id, run_name, parent_run_id, method, config_id, seed, status, error`` (a failed or
+    incomplete run's ``fedsweep.error``, else empty), ``start_time, end_time``, the
     params that vary across trials (dotted keys, numbers parsed) and the summary metrics
     (``best/test_accuracy``, ``rounds_to_target``, ``summary/*``). ``df.attrs`` holds
     ``params`` (the varying param names), ``tracking_uri``, ``experiment``, ``sweep``, ``runs_read``.
@@ -96,12 +98,14 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
         tags, params, metrics = r.data.tags, r.data.params, r.data.metrics
         keep = {k: _number(v) for k, v in params.items() if k not in _NOT_PARAMS and not k.startswith("mlflow.")}
         param_keys |= keep.keys()
+        status, error = tags.get("fedsweep.status", "finished"), tags.get("fedsweep.error", "")
+        if status in SCORED and "summary/rounds" not in metrics:
+            status, error = "incomplete", error or "no summary was logged"
         rows.append({
-            "run_id": r.info.run_id, "parent_run_id": tags.get("mlflow.parentRunId"),
+            "run_id": r.info.run_id, "run_name": r.info.run_name, "parent_run_id": tags.get("mlflow.parentRunId"),
             "method": tags.get("fedsweep.method") or params.get("algorithm.name"),
             "config_id": tags.get("fedsweep.config_id"), "seed": _number(params.get("seed")),
-            "status": tags.get("fedsweep.status", "finished"),
-            "error": tags.get("fedsweep.error", ""),
+            "status": status, "error": error,
             "start_time": r.info.start_time, "end_time": r.info.end_time or 0,
             **keep,
             **{k: v for k, v in metrics.items() if k.startswith("summary/") or k in _SUMMARY_EXTRA},
@@ -708,7 +712,14 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         _all_table(configs),
         "",
     ]
-    failed = trials[trials["error"] != ""]
+    incomplete = trials[trials["status"] == "incomplete"]
+    if len(incomplete):
+        lines += ["## Incomplete runs", "", "Trained, but without a summary in MLflow, so not scored: each run, "
+                  "with why (its `fedsweep.error` tag).", "",
+                  _markdown(["run", "config_id", "seed", "why"],
+                            [[str(r["run_name"]), f"`{r['config_id']}`", _fmt_value(r["seed"]), r["error"]]
+                             for _, r in incomplete.iterrows()]), ""]
+    failed = trials[(trials["error"] != "") & (trials["status"] != "incomplete")]
     if len(failed):
         lines += ["## Failed trials", "", "Each error once (the last line of its traceback; the runs' "
                   "`fedsweep.error` tag), with the trials that ended with it.", "",

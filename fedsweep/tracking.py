@@ -17,10 +17,11 @@ from fedsweep.config import ConfigError, RunConfig
 
 DEFAULT_DB = "mlflow.db"
 # A run's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged run ran to its
-# end but its numbers are not usable: FAILED, so the MLflow UI's status column says so. An
+# end but its numbers are not usable: FAILED, so the MLflow UI's status column says so; so is an
+# incomplete one (trained, but its summary and artifacts never reached the sweep's driver). An
 # interrupted one (Ctrl-C) is KILLED (a sweep's `--resume` reopens it).
 MLFLOW_STATUS = {"finished": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED", "failed": "FAILED",
-                 "interrupted": "KILLED"}
+                 "incomplete": "FAILED", "interrupted": "KILLED"}
 _MLFLOW_TABLES = {"alembic_version", "experiments"}   # an MLflow store has both, from its first migration
 
 

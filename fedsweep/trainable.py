@@ -2,52 +2,61 @@
 
 It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`, or
 :func:`fedsweep.pack.train_packed` for a pack), reports at evaluations (at least where ASHA decides,
-so it can stop it), and keeps its Lightning checkpoint at a stable path,
-``<sweep>/trial_checkpoints/<trial id>.ckpt`` (replaced atomically), so a retried or resumed trial
-continues from there. Each report carries,
-per sweep trial of the unit, the metric rows since the last report; only the driver writes MLflow
-(:mod:`fedsweep.tune_callbacks`).
+so it can stop it), and keeps its Lightning checkpoint at a stable path of the sweep's storage
+(:mod:`fedsweep.storage`), ``<sweep>/trial_checkpoints/<trial id>.ckpt`` (replaced whole), so a
+retried or resumed trial continues from there on whatever node it lands. Each report carries, per
+sweep trial of the unit, the metric rows since the last report; the final one also carries each
+run's summary and artifacts (the files, ~90 KB a run): nothing a run's MLflow entry needs is read
+from this node's disk. Only the driver writes MLflow (:mod:`fedsweep.tune_callbacks`).
 """
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fedsweep.config import ConfigError, RunConfig
 
 
-
-def trial_checkpoint(ckpt_dir: str | Path, trial_id: str) -> Path:
-    return Path(ckpt_dir) / f"{trial_id}.ckpt"
-
-
-def trial_artifacts(ckpt_dir: str | Path, trial_id: str, index: int) -> Path:
-    """Where a finished trial's worker leaves its MLflow artifacts for the driver to log: rendering
-    them (mostly curves.png, ~20 ms a run) is done in parallel here rather than one after another in
-    the driver. The folder appears whole or not at all (:func:`_write_whole`)."""
-    return Path(ckpt_dir).parent / "trial_artifacts" / trial_id / str(index)
+def trial_checkpoint(trial_id: str) -> str:
+    """Where a trial keeps its checkpoint, relative to its sweep's folder of the storage."""
+    return f"trial_checkpoints/{trial_id}.ckpt"
 
 
-def _write_whole(write, target: Path) -> None:
-    """``write(folder)`` into a staging folder beside ``target``, then renamed to it: the driver, which
-    logs ``target`` once it finds its summary.json, never sees a folder half written (it once logged
-    summary.json before curves.png existed)."""
-    staging = target.with_name(target.name + ".drawing")
-    shutil.rmtree(staging, ignore_errors=True)
-    write(staging)
-    shutil.rmtree(target, ignore_errors=True)   # an earlier attempt's, if one was drawn
-    staging.rename(target)
+def check_reach(store, sweep_id: str | None) -> None:
+    """This node reads the sweep's state file where the driver wrote it: otherwise its checkpoints
+    would be written where no other node (and no retry elsewhere) finds them. The driver checks
+    every node before the sweep starts (:func:`fedsweep.storage.check_nodes_reach`); this catches a
+    node that joined since. A ConfigError naming the node fails the trial (and is its error line)."""
+    import json
+
+    from fedsweep.storage import STATE_FILE
+    text = store.read_text(STATE_FILE)
+    if text is not None and (sweep_id is None or json.loads(text).get("sweep_id") == sweep_id):
+        return
+    from ray.util import get_node_ip_address
+    raise ConfigError(f"node {get_node_ip_address()} cannot read the sweep's storage {store.where()} (no "
+                      f"{STATE_FILE} of this sweep there), so its checkpoints would be lost with it: mount that "
+                      "folder at the same path on every node, or give --storage a URI every node reaches")
+
+
+def artifact_files(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
+    """A run's MLflow artifacts (:func:`fedsweep.run.write_artifacts`: config.yaml, metrics.csv,
+    summary.json, curves.png, clients.csv) as name -> bytes, for its final report: the driver may
+    run on another machine, and this node's disk is not one it reads."""
+    import tempfile
+
+    from fedsweep.run import write_artifacts
+    with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
+        write_artifacts(cfg, module, summary, Path(tmp), log_model=False)
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
 
 
 def _phase_marks():
     """When ``FEDSWEEP_TIMELINE`` names a folder (``benchmarks/sweep.py`` sets it), a trial appends
-    the time each of its phases ends (``start``, ``trained``, ``reported``: the final report, with
-    the artifacts drawn beside it; ``artifacts``: the drawing left when the report returned; with a
-    scheduler ``artifacts`` comes before ``reported``, and a trial stopped there has no ``reported``), and
+    the time each of its phases ends (``start``, ``trained``, ``artifacts``: drawn, ``reported``: the
+    final report, which carries them; a trial a scheduler stops there has no ``reported``), and
     each ``checkpoint`` it wrote (in training, and before its final report), to
     ``<folder>/<worker pid>.txt``: where a worker's time goes, trial after trial. Otherwise nothing."""
     folder = os.environ.get("FEDSWEEP_TIMELINE")
@@ -90,7 +99,7 @@ class Rungs:
             self.recorded.add(max(unrecorded))
 
 
-def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], min_interval: float = 0.0,
+def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], min_interval: float = 0.0,
                    failed: dict[int, str] | None = None, scheduled: bool = False, rungs: list | None = None):
     """The Lightning callback that reports a unit (one trial, or a pack of them) to Tune. Each report
     holds, per trial index, the metric rows since the last report (``members``). Reports come at
@@ -109,7 +118,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
     driver makes a stopped run's artifacts and summary from its checkpoint, which must hold every
     round reported (with ``checkpoint_every: 4`` a trial stopped at its third evaluation had none,
     and its run no artifacts or summary).
-    ``failed``: members of a pack left out before training (index -> error), in every report."""
+    ``save_checkpoint(trainer)`` writes the trial's checkpoint. ``failed``: members of a pack left
+    out before training (index -> error), in every report."""
     failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}
     mark = _phase_marks()
     import lightning as L
@@ -123,6 +133,11 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
             self.evals = self.saved = 0   # evaluations seen; and at the last checkpoint
             self.last = time.monotonic()
             self.rungs = Rungs(rungs) if scheduled and rungs is not None else None
+            self.resumed = None   # the round a checkpoint restored, until a report has said it
+
+        def on_train_start(self, trainer, module):
+            if module.rounds_done:   # restored by fit from the trial's checkpoint
+                self.resumed = module.rounds_done
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             # The last round is reported once, after fit, with the summary: a scheduler may stop the
@@ -138,10 +153,7 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
                                 checkpoint=scheduled or self.evals - self.saved >= checkpoint_every)
 
         def save(self, trainer):
-            ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = ckpt_path.with_suffix(".tmp")
-            trainer.save_checkpoint(tmp)
-            tmp.replace(ckpt_path)
+            save_checkpoint(trainer)
             mark("checkpoint")
 
         def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
@@ -161,6 +173,8 @@ def _tune_reporter(checkpoint_every: int, ckpt_path: Path, trials: list[int], mi
                        "best/test_accuracy": best}
             if final:
                 metrics["fedsweep_done"] = True
+            if self.resumed is not None:
+                metrics["resumed_from"], self.resumed = self.resumed, None
             metrics["members"].update(failed_parts)
             if checkpoint:   # before the report: the driver reads it when the trial completes
                 self.save(trainer)
@@ -202,18 +216,11 @@ def final_part(summary: dict, rounds: int) -> dict:
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
-def _report_while_drawing(report, draw) -> None:
-    """``report()`` while ``draw()`` runs in a thread; returns once both have, raising what either
-    raised (the report's error first; the drawing is waited for either way)."""
-    with ThreadPoolExecutor(1) as pool:
-        drawing = pool.submit(draw)
-        report()
-        drawing.result()
-
-
-def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None:
+def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
+             sweep_id: str | None = None) -> None:
     """The Ray Tune function trainable: a unit of the sweep (``units[config["trial"]]``: one federated
-    run, or a pack of them trained together), resumed from its checkpoint if any."""
+    run, or a pack of them trained together), resumed from its checkpoint in ``store`` (the sweep's
+    folder of the storage, :class:`fedsweep.storage.Storage`) if there is one."""
     mark = _phase_marks()
     mark("start")
     from fedsweep.startup import startup_imports
@@ -221,49 +228,38 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]]) -> None
         import lightning  # noqa: F401
         from ray import tune
 
-        from fedsweep.run import summarize, train, write_artifacts
+        from fedsweep.run import summarize, train
+    check_reach(store, sweep_id)
     trials = units[config["trial"]]
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
-    trial_id = tune.get_context().get_trial_id()
-    ckpt = trial_checkpoint(config["ckpt_dir"], trial_id)
-    resume = ckpt if ckpt.is_file() else None
+    ckpt = trial_checkpoint(tune.get_context().get_trial_id())
+
+    def save_checkpoint(trainer):
+        with store.writing(ckpt) as path:
+            trainer.save_checkpoint(path)
+
     scheduled = config.get("scheduler", config.get("report_every_s", 0.0) == 0.0)   # it may stop a trial at any report
-    if len(cfgs) == 1:
-        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0),
-                                  scheduled=scheduled, rungs=config.get("rungs"))
-        module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
-    else:
-        from fedsweep.pack import train_packed
-        trials, cfgs, data, failed = _loadable_members(trials, cfgs)
-        reporter = _tune_reporter(config["checkpoint_every"], ckpt, trials, config.get("report_every_s", 0.0),
-                                  failed)
-        if not trials:
-            reporter.report_failed_only()
-            return
-        module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
+    with store.reading(ckpt) as resume:
+        if len(cfgs) == 1:
+            reporter = _tune_reporter(config["checkpoint_every"], save_checkpoint, trials,
+                                      config.get("report_every_s", 0.0), scheduled=scheduled, rungs=config.get("rungs"))
+            module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
+        else:
+            from fedsweep.pack import train_packed
+            trials, cfgs, data, failed = _loadable_members(trials, cfgs)
+            reporter = _tune_reporter(config["checkpoint_every"], save_checkpoint, trials,
+                                      config.get("report_every_s", 0.0), failed)
+            if not trials:
+                reporter.report_failed_only()
+                return
+            module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
     mark("trained")
-    members = list(zip(trials, cfgs, _members(module)))
-    summaries = [summarize(cfg, m.history, m.diverged) for _, cfg, m in members]
-
-    def artifacts():
-        for (index, cfg, m), summary in zip(members, summaries):
-            _write_whole(lambda folder: write_artifacts(cfg, m, summary, folder, log_model=False),
-                         trial_artifacts(config["ckpt_dir"], trial_id, index))
-
-    def report():
-        reporter.report(module.trainer, module, checkpoint=True,
-                        final=[final_part(s, len(m.history)) for (_, _, m), s in zip(members, summaries)])
-        mark("reported")
-
-    if scheduled:
-        # A scheduler may stop the trial at its final report (ASHA does at max_t: every trial that
-        # runs all its rounds), and Tune then closes its run at once, before this function returns:
-        # the artifacts must be there before the report.
-        artifacts()
-        mark("artifacts")
-        report()
-    else:
-        # Otherwise the artifacts (mostly curves.png, ~20 ms a run) are drawn while the final report
-        # waits for the driver to write the rows; the driver reads them once this function returns.
-        _report_while_drawing(report, artifacts)
-        mark("artifacts")
+    final = []
+    for cfg, m in zip(cfgs, _members(module)):
+        summary = summarize(cfg, m.history, m.diverged)
+        final.append({**final_part(summary, len(m.history)), "artifacts": artifact_files(cfg, m, summary)})
+    mark("artifacts")
+    # A scheduler may stop the trial at this report (ASHA does at max_t: every trial that runs all
+    # its rounds), and Tune then closes its runs at once: what they need is in it.
+    reporter.report(module.trainer, module, checkpoint=True, final=final)
+    mark("reported")

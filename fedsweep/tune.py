@@ -4,9 +4,11 @@ Layout of the work (measured choices in shared/NOTES-stack.md):
 
 - the sweep's trials are grouped into units (:func:`fedsweep.sweep.pack_units`): one trial each,
   or packs of several trained together (``pack:``, :mod:`fedsweep.pack`); Tune runs one function
-  trainable per unit (:mod:`fedsweep.trainable`), which checkpoints at a stable path of its own.
-  Tune is given no checkpoints: its experiment snapshot can name a checkpoint it has already
-  rotated away, and a sweep killed in that window could not restore the trial;
+  trainable per unit (:mod:`fedsweep.trainable`), which checkpoints at a stable path of its own in
+  the sweep's storage (:mod:`fedsweep.storage`: a folder, or a URI, that every node reaches; on a
+  cluster each node is checked before any trial starts). Tune is given no checkpoints: its
+  experiment snapshot can name a checkpoint it has already rotated away, and a sweep killed in that
+  window could not restore the trial;
 - only the driver writes to MLflow (:mod:`fedsweep.tune_callbacks`): one child run per sweep
   trial, packed or not;
 - this module checks everything before anything is written, holds the sweep's lock, starts (or
@@ -22,12 +24,13 @@ import uuid
 from pathlib import Path
 
 from fedsweep.config import ConfigError, flatten
+from fedsweep.storage import STATE_FILE, Storage
 from fedsweep.sweep import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
 from fedsweep.tracking import MLFLOW_STATUS
 from fedsweep.trainable import run_unit
 from fedsweep.tune_callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
 
-STATE_FILE = "fedsweep_sweep.json"
+DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
 # The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
 # (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
 # exactly the trials the sweep started with (a sweep file edited since is refused, naming the edit).
@@ -55,11 +58,11 @@ def _trial_payload(t: Trial, sweep: SweepConfig) -> dict:
             "index": t.index}
 
 
-def _current_trials_file(path: Path) -> bool:
+def _current_trials_file(text: str | None) -> bool:
     """A trials file as this fedsweep writes it (older ones held a bare list of trials)."""
     try:
-        return isinstance(json.loads(path.read_text()), dict)
-    except (OSError, ValueError):
+        return text is not None and isinstance(json.loads(text), dict)
+    except ValueError:
         return False
 
 
@@ -84,20 +87,28 @@ def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int
     return ""
 
 
-def storage_dir(sweep: SweepConfig, root: str | Path | None = None) -> Path:
-    return (Path(root) if root else Path.cwd() / "fedsweep_runs").resolve()
+def open_storage(location: str | Path | None = None) -> Storage:
+    """``--storage``: a folder (default ``./fedsweep_runs``) or a URI (:mod:`fedsweep.storage`)."""
+    return Storage(location or Path.cwd() / DEFAULT_STORAGE)
 
 
-def _discard(exp_dir: Path, state_path: Path) -> None:
-    """Delete a finished or restarted sweep's folder, and only a folder fedsweep made: its state
-    file must be inside. Anything else under that name is the user's, and is left alone. An empty
-    folder (a driver killed right after making it leaves one) holds nothing: the sweep uses it as it is."""
-    if exp_dir.is_dir() and not any(exp_dir.iterdir()):
+def lock_folder(storage: Storage) -> Path:
+    """Where a sweep's lock file lives: in a folder storage, else (a URI) in ``./fedsweep_runs``; a
+    lock is a file of the driver's machine (:class:`~fedsweep.locks.SweepLock`)."""
+    return Path(storage.root) if storage.local else Path.cwd() / DEFAULT_STORAGE
+
+
+def _discard(store: Storage) -> None:
+    """Delete a finished or restarted sweep's folder (``store``), and only a folder fedsweep made:
+    its state file must be inside. Anything else under that name is the user's, and is left alone.
+    An empty folder (a driver killed right after making it leaves one) holds nothing: the sweep uses
+    it as it is."""
+    if store.is_empty():
         return
-    if not state_path.is_file():
-        raise ConfigError(f"{exp_dir} exists and was not made by fedsweep (no {STATE_FILE} inside); it is left "
-                          "as it is: give the sweep another `name`, or another --storage")
-    shutil.rmtree(exp_dir)
+    if not store.exists(STATE_FILE):
+        raise ConfigError(f"{store.where()} exists and was not made by fedsweep (no {STATE_FILE} inside); it is "
+                          "left as it is: give the sweep another `name`, or another --storage")
+    store.delete()
 
 
 def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False, address: str | None = None,
@@ -105,11 +116,12 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id.
 
     Everything that can be checked is checked before anything is written: the sweep file, the
-    cluster (reachable, same authentication mode), the storage folder and the MLflow store; what
-    ``--resume`` needs of the sweep it continues, under the sweep's lock (which exists by then). A
-    second driver of a running sweep is refused (:class:`~fedsweep.locks.SweepLock`); one that
-    finds the lock of a killed driver ends what that driver's local Ray instance left running."""
-    from fedsweep.paths import check_writable_dir
+    cluster (reachable, same authentication mode), the storage and the MLflow store; what
+    ``--resume`` needs of the sweep it continues, under the sweep's lock (which exists by then); on
+    a cluster, that every node a trial fits on reaches the storage (once Ray is up, before the MLflow
+    experiment is made). A second driver of a running sweep is refused
+    (:class:`~fedsweep.locks.SweepLock`); one that finds the lock of a killed driver ends what that
+    driver's local Ray instance left running."""
     from fedsweep.tracking import check_store
     out = out or sys.stdout
     sweep = load_sweep(path)
@@ -127,60 +139,59 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     if address:
         from fedsweep.cluster import check_cluster
         mode = check_cluster(address)                  # reachable, and in the head's auth mode
-    root = storage_dir(sweep, storage)
-    check_writable_dir(root, "--storage")
+    root = open_storage(storage)
+    root.check_writable()
     uri = check_store(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
-    exp_dir = root / sweep.name
-    state_path = exp_dir / STATE_FILE
-    if resume and not state_path.is_file():           # before the lock, which would make its folder
-        raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root}")
+    store = root.child(sweep.name)
+    if resume and not store.exists(STATE_FILE):       # before the lock, which would make its folder
+        raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root.where()}")
     from fedsweep.locks import SweepLock, end_leftovers
-    with SweepLock(root / f"{sweep.name}.lock", sweep.name) as lock:
+    with SweepLock(lock_folder(root) / f"{sweep.name}.lock", sweep.name) as lock:
         stale = lock.acquire()
         ended = end_leftovers(stale) if stale else []
         if ended:
             print(f"ended {len(ended)} Ray processes left by a killed fedsweep driver (pid {stale.get('pid')})",
                   file=sys.stderr)
         if resume:   # under the lock: a driver still setting the sweep up is named as running, not misread
-            _check_resumable(sweep, trials, path, root)
+            _check_resumable(sweep, trials, path, store)
         superseded = None
-        if not resume and exp_dir.exists():
-            state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-            if state.get("finished") or restart or not state_path.is_file():
-                _discard(exp_dir, state_path)          # refuses a folder that is not a fedsweep sweep's
+        if not resume and store.exists():
+            text = store.read_text(STATE_FILE)
+            state = json.loads(text) if text is not None else {}
+            if state.get("finished") or restart or text is None:
+                _discard(store)                        # refuses a folder that is not a fedsweep sweep's
                 if not state.get("finished") and state.get("tracking_uri") == uri:
                     superseded = state   # `--restart`: its open runs are over
             else:
-                raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {exp_dir}; continue it with "
+                raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {store.where()}; continue it with "
                                   f"--resume, or start over with --restart")
         return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
                           lock=lock, superseded=superseded)
 
 
-def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, root: Path) -> None:
-    """``--resume``: the sweep whose state is there got as far as its trials, and started from this
-    sweep file."""
-    exp_dir = root / sweep.name
-    state_path = exp_dir / STATE_FILE
-    if json.loads(state_path.read_text()).get("parent_run_id") is None:
-        raise ConfigError(f"--resume: sweep {sweep.name!r} in {exp_dir} was stopped while it was being set up, "
+def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Storage) -> None:
+    """``--resume``: the sweep whose state is in ``store`` got as far as its trials, and started from
+    this sweep file."""
+    if json.loads(store.read_text(STATE_FILE)).get("parent_run_id") is None:
+        raise ConfigError(f"--resume: sweep {sweep.name!r} in {store.where()} was stopped while it was being set up, "
                           "before any trial started; start it over with --restart")
-    if not _current_trials_file(exp_dir / TRIALS_FILE):
-        raise ConfigError(f"--resume: {exp_dir} was made by an older fedsweep (its {TRIALS_FILE} is missing or of an older format); "
-                          "start it over with --restart")
-    changed = _changed_since_start(json.loads((exp_dir / TRIALS_FILE).read_text()),
-                                   [_trial_payload(t, sweep) for t in trials], pack_units(sweep, trials))
+    saved = store.read_text(TRIALS_FILE)
+    if not _current_trials_file(saved):
+        raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
+                          "of an older format); start it over with --restart")
+    changed = _changed_since_start(json.loads(saved), [_trial_payload(t, sweep) for t in trials],
+                                   pack_units(sweep, trials))
     if changed:
         raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
                           f"sweep runs the trials it started with: restore the file (its MLflow parent run "
                           f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
 
 
-def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, uri: str, *, resume: bool,
+def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storage, uri: str, *, resume: bool,
                address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from fedsweep.cluster import check_trial_fits, ray_session, remove_session
+    from fedsweep.cluster import check_trial_fits, nodes_a_trial_fits, ray_session, remove_session
     from fedsweep.tracking import experiment_id, open_store, quiet_store_logs
     quiet_store_logs()   # the driver imports neither Lightning (~4 s) nor torch (~0.8 s)
     experiment = sweep.mlflow.experiment or sweep.name
@@ -189,13 +200,16 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Path, 
         # seconds, mostly while Ray starts its processes: overlap them. The experiment and the runs
         # are written only once Ray is up and the trials fit on it: a sweep refused there leaves no
         # experiment behind (only a store that did not exist yet, as its schema).
-        store = pool.submit(open_store, uri)
+        mlflow_store = pool.submit(open_store, uri)
         with ray_session(address, mode=mode) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
             waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=str(path))
             if waiting:
                 print(waiting, file=sys.stderr)
-            client = store.result()
+            if address:   # one machine's instance shares the driver's disk by definition
+                from fedsweep.storage import check_nodes_reach
+                check_nodes_reach(root, nodes_a_trial_fits(sweep.resources.cpu, sweep.resources.gpu))
+            client = mlflow_store.result()
             exp_id = experiment_id(client, experiment, uri)
             if superseded:
                 _close_superseded(client, superseded)
@@ -231,34 +245,32 @@ def _close_superseded(client, state: dict) -> None:
         client.set_terminated(parent_id, status="KILLED")
 
 
-def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> dict:
+def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
     """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
     from ray import tune
-    exp_dir = root / sweep.name
-    state_path = exp_dir / STATE_FILE
+    store = root.child(sweep.name)
     if resume:
-        state = json.loads(state_path.read_text())
+        state = json.loads(store.read_text(STATE_FILE))
         parent_id = state["parent_run_id"]
-        saved = json.loads((exp_dir / TRIALS_FILE).read_text())
+        saved = json.loads(store.read_text(TRIALS_FILE))
         payloads, units = saved["trials"], saved["units"]
         client.set_terminated(parent_id, status="RUNNING")
-        tuner = tune.Tuner.restore(str(exp_dir), trainable=_trainable(sweep, payloads, units),
-                                   resume_errored=True)
+        tuner = tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store, state.get("sweep_id")),
+                                   resume_errored=True, storage_filesystem=store.fs)
     else:
         units = pack_units(sweep, trials)
-        exp_dir.mkdir(parents=True, exist_ok=True)
         # The state file first: from here on the folder is known as this sweep's (`--restart` may
         # delete it), whatever a kill leaves of the rest; it names the parent run by a tag the run
         # carries from its creation, so a driver killed before the run's id is written below still
-        # leaves the way to close it.
+        # leaves the way to close it. Each trial reads it to know its node reaches the storage.
         state = {"sweep_id": uuid.uuid4().hex, "parent_run_id": None, "tracking_uri": uri,
                  "experiment": experiment, "finished": False}
-        state_path.write_text(json.dumps(state))
+        store.write_text(STATE_FILE, json.dumps(state))
         parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
-        state_path.write_text(json.dumps({**state, "parent_run_id": parent_id}))
+        store.write_text(STATE_FILE, json.dumps({**state, "parent_run_id": parent_id}))
         payloads = [_trial_payload(t, sweep) for t in trials]
-        (exp_dir / TRIALS_FILE).write_text(json.dumps({"trials": payloads, "units": units}))
-        tuner = _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id)
+        store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units}))
+        tuner = _new_tuner(sweep, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
     total = len(payloads)
     packs = f" in {len(units)} packs" if len(units) < total else ""
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
@@ -268,19 +280,21 @@ def _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment) -> 
     interrupted = _close_interrupted(client, exp_id, parent_id)
     counts = _outcomes(client, exp_id, parent_id)
     unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
-    state = json.loads(state_path.read_text())
+    state = json.loads(store.read_text(STATE_FILE))
     state["finished"] = unfinished == 0
-    state_path.write_text(json.dumps(state))
+    store.write_text(STATE_FILE, json.dumps(state))
     client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
     return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
             "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
-def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]]):
-    """``run_unit`` with the trials' configs put once into Ray's object store (every node reads them
-    there) and each unit's resources."""
+def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
+               sweep_id: str | None):
+    """``run_unit`` with the trials' configs and the sweep's storage put once into Ray's object store
+    (every node reads them there) and each unit's resources."""
     from ray import tune
-    return tune.with_resources(tune.with_parameters(run_unit, payloads=payloads, units=units),
+    return tune.with_resources(tune.with_parameters(run_unit, payloads=payloads, units=units, store=store,
+                                                    sweep_id=sweep_id),
                                {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu})
 
 
@@ -295,7 +309,7 @@ def asha_rungs(scheduler) -> list[float] | None:
         return None
 
 
-def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
+def _new_tuner(sweep, payloads, units, root: Storage, store: Storage, sweep_id: str, uri, exp_id, parent_id):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     scheduler = None
@@ -304,21 +318,19 @@ def _new_tuner(sweep, payloads, units, root, uri, exp_id, parent_id):
         scheduler = ASHAScheduler(time_attr="round", metric=s.metric, mode=s.mode, grace_period=s.grace_period,
                                   reduction_factor=s.reduction_factor,
                                   max_t=max(p["run"]["rounds"] for p in payloads))
-    ckpt_dir = str(root / sweep.name / "trial_checkpoints")
     param_space = {"trial": tune.grid_search(list(range(len(units)))),
-                   "checkpoint_every": sweep.checkpoint_every, "ckpt_dir": ckpt_dir,
-                   "report_every_s": REPORT_EVERY_S,
+                   "checkpoint_every": sweep.checkpoint_every, "report_every_s": REPORT_EVERY_S,
                    "scheduler": scheduler is not None,   # it may stop a trial at any report
                    "rungs": asha_rungs(scheduler) if scheduler is not None else None}
     return tune.Tuner(
-        _trainable(sweep, payloads, units), param_space=param_space,
+        _trainable(sweep, payloads, units, store, sweep_id), param_space=param_space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,
                                     max_concurrent_trials=sweep.max_concurrent),
         run_config=tune.RunConfig(
-            name=sweep.name, storage_path=str(root), verbose=0,
+            name=sweep.name, **root.tune_args(), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, ckpt_dir, payloads, units),
-                       make_progress_callback(payloads, units)]))
+            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
+                       make_progress_callback(payloads, units, store)]))
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
@@ -348,16 +360,20 @@ def _close_interrupted(client, exp_id: str, parent_id: str) -> int:
 
 
 def _outcomes(client, exp_id: str, parent_id: str) -> dict:
-    """How many of the sweep's trials ended in each status, and ``errors``: each failed trial's error
-    line (its run's ``fedsweep.error`` tag) with how many trials ended with it."""
+    """How many of the sweep's trials ended in each status; ``errors``: each failed trial's error
+    line (its run's ``fedsweep.error`` tag) with how many trials ended with it; ``incomplete_runs``:
+    for each reason a run ended without its summary, the names of those runs."""
     runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
                               max_results=50_000)
     counts: dict = {}
     errors: dict[str, int] = {}
+    incomplete: dict[str, list[str]] = {}
     for r in runs:
         s = r.data.tags.get("fedsweep.status", "running")
         counts[s] = counts.get(s, 0) + 1
+        e = r.data.tags.get("fedsweep.error", "no error recorded")
         if s == "failed":
-            e = r.data.tags.get("fedsweep.error", "no error recorded")
             errors[e] = errors.get(e, 0) + 1
-    return {**counts, "errors": errors}
+        elif s == "incomplete":
+            incomplete.setdefault(e, []).append(r.info.run_name)
+    return {**counts, "errors": errors, "incomplete_runs": incomplete}

@@ -3,17 +3,20 @@
 - :class:`MlflowTrials` (``make_mlflow_callback``) is the only MLflow writer of a sweep: one child
   run per sweep trial (a pack's trials included), found again by its ``ray.trial_id`` and
   ``fedsweep.trial`` tags after a ``--resume``; metric rows written at most every ``FLUSH_SECONDS``
-  per run, and all of them at its last report; at the end, the artifacts the worker rendered (or,
-  for a stopped or failed trial, ones made from its last checkpoint);
+  per run, and all of them at its last report; at the end, the summary and artifacts the worker
+  sent with its final report (or, for a stopped or failed trial, ones made from its last checkpoint
+  in the sweep's storage). Nothing is read from a worker's disk: the driver may run elsewhere;
 - a diverged trial (NaN/inf loss) ends normally with status ``diverged``; a crashed one is retried
   ``max_failures`` times and otherwise marked ``failed``; the sweep goes on either way;
+- a run that should have a summary (finished, diverged, stopped) but whose summary and artifacts
+  cannot be had ends ``incomplete`` (MLflow FAILED), with the reason as its ``fedsweep.error``:
+  never as finished with nothing to score;
 - ``make_progress_callback``: a line per finished trial and a status line every 10 s.
 """
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import tempfile
 import time
@@ -22,9 +25,9 @@ from pathlib import Path
 
 from fedsweep.config import RunConfig
 from fedsweep.tracking import MLFLOW_STATUS
-from fedsweep.trainable import trial_artifacts, trial_checkpoint
+from fedsweep.trainable import trial_checkpoint
 
-FINAL_STATUSES = ("finished", "stopped", "diverged", "failed")
+FINAL_STATUSES = ("finished", "stopped", "diverged", "failed", "incomplete")
 # Metric rows reach MLflow at most this often per run (and all of them at its last report): a write
 # costs the driver ~12 ms (one sqlite commit), the driver is the sweep's only MLflow writer, and a
 # pack of 36 configs written every 2 s kept it busy half the time while the workers waited.
@@ -50,19 +53,21 @@ def metric_batches(rows: list, last: list, limit: int = 1000) -> list[list]:
     return [*calls, [*part, *last]]
 
 
-def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, ckpt_dir: str,
+def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, store,
                          payloads: list[dict], units: list[list[int]]):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
-    child run per sweep trial, a packed one's included: a Tune trial of a pack writes several."""
+    child run per sweep trial, a packed one's included: a Tune trial of a pack writes several.
+    ``store``: the sweep's folder of the storage (:class:`fedsweep.storage.Storage`), where the
+    trials keep their checkpoints."""
     from ray import tune
 
     class MlflowTrials(tune.Callback):
         # What Tune pickles into its experiment state; everything else belongs to one driver session.
-        _KEPT = ("uri", "experiment_id", "parent_id", "sweep", "ckpt_dir", "payloads", "units")
+        _KEPT = ("uri", "experiment_id", "parent_id", "sweep", "store", "payloads", "units")
 
         def __init__(self):
             self.uri, self.experiment_id, self.parent_id, self.sweep = uri, experiment_id, parent_id, sweep_name
-            self.ckpt_dir, self.payloads, self.units = ckpt_dir, payloads, units
+            self.store, self.payloads, self.units = store, payloads, units
             self._reset()
 
         def _reset(self, restored: bool = False):
@@ -75,6 +80,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.errors: dict[tuple, str] = {}      # -> why a pack left the member out
             self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
             self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
+            self.drawn: dict[tuple, dict] = {}      # -> the artifacts of its final report (name -> bytes)
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
 
@@ -82,6 +88,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             return {k: getattr(self, k) for k in self._KEPT}
 
         def __setstate__(self, state):
+            if "store" not in state:   # pickled by a fedsweep that kept checkpoints in a folder only
+                from fedsweep.storage import Storage
+                state["store"] = Storage(Path(state.pop("ckpt_dir")).parent)
             self.__dict__.update(state)
             self._reset(restored=True)
 
@@ -143,12 +152,16 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
         def on_trial_result(self, iteration, trials, trial, result, **info):
             for index, part in result.get("members", {}).items():
                 key = (trial.trial_id, int(index))
-                self._run_for(trial, int(index))
+                run_id = self._run_for(trial, int(index))
+                if "resumed_from" in result and key not in self.closed:   # retried or resumed, from its checkpoint
+                    self.client.set_tag(run_id, "fedsweep.resumed_from_round", str(result["resumed_from"]))
                 done = self.logged.get(key, 0)
                 rows = [r for r in part.get("rows", []) if r["round"] > done]
                 if rows:
                     self.pending.setdefault(key, []).extend(rows)
                     self.logged[key] = rows[-1]["round"]
+                if "artifacts" in part:   # out of the result: Tune keeps the last in its snapshots
+                    self.drawn[key] = part.pop("artifacts")
                 if "status" in part:
                     self.final[key] = part["status"]
                 if part.get("error"):
@@ -199,57 +212,66 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._finish(trial, index, "failed", error)
 
         def _finish(self, trial, index: int, status: str, error: str = ""):
-            from fedsweep.run import summarize, write_artifacts
+            from fedsweep.run import summarize
             from fedsweep.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
             run_id = self._run_for(trial, index)
-            made = trial_artifacts(self.ckpt_dir, trial.trial_id, index)
-            if key in self.closed:
+            drawn = self.drawn.pop(key, None)
+            if key in self.closed:   # a resumed sweep's run that was done before the interruption
                 self.flush(key)
-                _remove_logged(made)   # a resumed sweep's run that was done before the interruption
                 return
             self.closed.add(key)
-            tags, metrics = {"fedsweep.status": status}, []
-            if status in ("finished", "diverged") and (made / "summary.json").is_file():
-                # the worker rendered them at its end (trainable.run_unit): only log them
-                summary = {**json.loads((made / "summary.json").read_text()), "status": status}
-                metrics = summary_metrics(summary, int(time.time() * 1000))
-                self.client.log_artifacts(run_id, str(made))
-                tags = run_tags(summary)
+            tags, metrics, summary = {"fedsweep.status": status}, [], None
+            if status in ("finished", "diverged") and drawn and "summary.json" in drawn:
+                summary = {**json.loads(drawn["summary.json"]), "status": status}
             else:   # stopped by a scheduler, or failed: what its last checkpoint holds
                 cfg = RunConfig(**self.payloads[index]["run"])
                 unit = self.units[trial.config["trial"]]
-                history, client_log = _records_from_checkpoint(trial_checkpoint(self.ckpt_dir, trial.trial_id),
-                                                               index if len(unit) > 1 else None, unit)
+                history, client_log, why = self._checkpointed(trial, index if len(unit) > 1 else None, unit)
                 if history:
-                    summary = summarize(cfg, history, diverged=status == "diverged")
-                    summary["status"] = status
-                    metrics = summary_metrics(summary, int(time.time() * 1000))
-                    with tempfile.TemporaryDirectory() as tmp:
-                        write_artifacts(cfg, _HistoryOnly(history, client_log), summary, Path(tmp), log_model=False)
-                        self.client.log_artifacts(run_id, tmp)
-                    tags = run_tags(summary)
+                    summary = {**summarize(cfg, history, diverged=status == "diverged"), "status": status}
+                    drawn = _artifacts_from(cfg, history, client_log, summary)
+                elif status != "failed":   # a run with a result, and nothing to show of it
+                    last = "its final report carried none" if status != "stopped" else "stopped by the scheduler"
+                    tags["fedsweep.status"] = status = "incomplete"
+                    error = f"no summary or artifacts reached the driver ({last}; {why})"
+            if summary is not None:
+                metrics = summary_metrics(summary, int(time.time() * 1000))
+                _log_files(self.client, run_id, drawn)
+                tags = run_tags(summary)
             if error:
                 tags["fedsweep.error"] = error[:5000]
             self.flush(key, metrics=metrics, tags=tags)   # rows still waiting, the summary and the status at once
             self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
-            _remove_logged(made)
+
+        def _checkpointed(self, trial, member: int | None, unit: list[int]) -> tuple[list, list, str]:
+            """(history, client log, '') of a trial's checkpoint in the storage (of sweep trial
+            ``member`` of a pack's), or ([], [], why there are none)."""
+            rel = trial_checkpoint(trial.trial_id)
+            try:
+                with self.store.reading(rel) as path:
+                    if path is None:
+                        return [], [], f"no checkpoint at {self.store.where(rel)}"
+                    history, client_log = _records_from_checkpoint(path, member, unit)
+            except Exception as e:  # noqa: BLE001 - a storage that went away: said in the run's error
+                return [], [], f"its checkpoint at {self.store.where(rel)} could not be read: {type(e).__name__}: {e}"
+            return history, client_log, "" if history else f"its checkpoint at {self.store.where(rel)} holds no rounds"
 
     return MlflowTrials()
 
 
-def _remove_logged(made: Path) -> None:
-    """The worker's copy of a run's artifacts, once MLflow holds them and the run is closed (a second
-    copy of every run's artifacts in the sweep's storage otherwise, ~90 KB a run); its trial's folder
-    and ``trial_artifacts/`` go with their last run. A driver killed before its final status was
-    written finds the run open on ``--resume`` and logs the folder again; one killed after finds the
-    run done and removes the folder then."""
-    shutil.rmtree(made, ignore_errors=True)
-    for folder in (made.parent, made.parent.parent):
-        try:
-            folder.rmdir()         # only if empty: another member's or trial's artifacts may wait there
-        except OSError:
-            break
+def _artifacts_from(cfg: RunConfig, history: list[dict], client_log: list[dict], summary: dict) -> dict[str, bytes]:
+    """The artifacts of a run known only by its checkpointed records (a stopped or failed trial)."""
+    from fedsweep.trainable import artifact_files
+    return artifact_files(cfg, _HistoryOnly(history, client_log), summary)
+
+
+def _log_files(client, run_id: str, files: dict[str, bytes]) -> None:
+    """``files`` (name -> bytes) as the run's artifacts."""
+    with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+        client.log_artifacts(run_id, tmp)
 
 
 class _HistoryOnly:
@@ -261,12 +283,10 @@ class _HistoryOnly:
 
 def _records_from_checkpoint(path: Path, member: int | None = None,
                              unit: list[int] = ()) -> tuple[list[dict], list[dict]]:
-    """(metric history, per-client log) of a trial's checkpoint, or of sweep trial ``member`` in a
-    pack's (its members' sweep trials are in the checkpoint; one written before they were is the
-    whole ``unit``); empty if there is none."""
+    """(metric history, per-client log) of a trial's checkpoint file, or of sweep trial ``member``
+    in a pack's (its members' sweep trials are in the checkpoint; one written before they were is
+    the whole ``unit``)."""
     import torch
-    if not path.is_file():
-        return [], []
     ckpt = torch.load(path, weights_only=True, map_location="cpu")
     if member is None:
         state = ckpt["fedsweep"]
@@ -307,11 +327,12 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
     return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
 
 
-def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=None):
+def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
     per second since the first report). Counts come from Tune's list of every trial, so a resumed
-    sweep counts what ran before too."""
+    sweep counts what ran before too. ``store``: the sweep's storage, to say where a failed trial's
+    traceback is kept."""
     from ray import tune
 
     class Progress(tune.Callback):
@@ -360,6 +381,11 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if self.first is None:
                 self.first = (time.monotonic(), self._rounds_done(trials))
+            if "resumed_from" in result:
+                unit = units[trial.config["trial"]]
+                what = payloads[unit[0]]["label"] if len(unit) == 1 else \
+                    f"pack {trial.config['trial']} ({len(unit)} trials)"
+                self._print(f"[resumed] {what}: from round {result['resumed_from']} (its checkpoint)")
             for index, part in result.get("members", {}).items():
                 if part.get("rows"):
                     self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
@@ -390,7 +416,9 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], stream=
             self._print_error(trial, "retrying", f"failure {trial.num_failures}; ")
 
         def _print_error(self, trial, word: str, note: str = ""):
-            where = Path(trial.path) / "error.txt"   # kept with the sweep (error_file is Ray's staging copy)
+            where = f"{trial.path}/error.txt"   # kept with the sweep (error_file is Ray's staging copy)
+            if store is not None and not store.local:
+                where = f"{store.scheme}://{where}"
             for index in units[trial.config["trial"]]:
                 self._print(f"[{word}] {payloads[index]['label']}: {trial_error(trial)} ({note}traceback: {where})")
 

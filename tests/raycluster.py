@@ -2,7 +2,9 @@
 `ray stop`, which stops every Ray on the machine)."""
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -45,9 +47,9 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
-def end_session(sid: int, grace: float = 5.0) -> None:
+def end_session(sid: int, grace: float = 5.0, signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
     """SIGTERM, then SIGKILL, to every process of session ``sid``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig in signals:
         for pid in session_processes(sid):
             try:
                 os.kill(pid, sig)
@@ -59,9 +61,11 @@ def end_session(sid: int, grace: float = 5.0) -> None:
 
 
 @contextmanager
-def ray_head(home: Path, *, token: bool = False, num_cpus: int = 2, num_gpus: int = 0):
+def ray_head(home: Path, *, token: bool = False, num_cpus: int = 2, num_gpus: int = 0, ip: str = "127.0.0.1",
+             system_config: dict | None = None):
     """Start a head as a user whose HOME is ``home`` (with a token made by `ray get-auth-token
-    --generate` if ``token``); yields its address."""
+    --generate` if ``token``) on address ``ip``; yields its address. ``system_config``: Ray's
+    internal settings (e.g. how soon a silent node is declared dead)."""
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
     if ray_bin is None:
         pytest.skip("the `ray` command is not installed beside this Python")
@@ -72,28 +76,29 @@ def ray_head(home: Path, *, token: bool = False, num_cpus: int = 2, num_gpus: in
         assert (home / ".ray" / "auth_token").is_file()
     temp = tempfile.mkdtemp(prefix="fsray-")          # short: Ray's socket paths live under it
     port = free_port()
-    proc = subprocess.Popen([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+    extra = ["--system-config", json.dumps(system_config)] if system_config else []
+    proc = subprocess.Popen([ray_bin, "start", "--head", "--node-ip-address", ip, "--port", str(port),
                              "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--include-dashboard",
-                             "false", "--disable-usage-stats", "--temp-dir", temp],
+                             "false", "--disable-usage-stats", "--temp-dir", temp, *extra],
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
         out, _ = proc.communicate(timeout=120)
         if proc.returncode != 0:
             pytest.skip(f"Ray cannot start a head node here: {out.strip().splitlines()[-1:]}")
-        yield f"127.0.0.1:{port}"
+        yield f"{ip}:{port}"
     finally:
         end_session(proc.pid)                          # the head's session: gcs, raylet, agents, workers
         shutil.rmtree(temp, ignore_errors=True)
 
 
 @contextmanager
-def ray_node(home: Path, address: str, *, num_cpus: int = 1, num_gpus: int = 0):
+def ray_node(home: Path, address: str, *, num_cpus: int = 1, num_gpus: int = 0, ip: str = "127.0.0.1"):
     """A second node joining the head at ``address`` (on this machine, in a temp dir and process
     session of its own), ended on the way out."""
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
     temp = tempfile.mkdtemp(prefix="fsnode-")
-    proc = subprocess.Popen([ray_bin, "start", "--address", address, "--node-ip-address", "127.0.0.1",
+    proc = subprocess.Popen([ray_bin, "start", "--address", address, "--node-ip-address", ip,
                              "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--disable-usage-stats",
                              "--temp-dir", temp],
                             env=user_env(home), start_new_session=True, stdout=subprocess.PIPE,
@@ -104,4 +109,66 @@ def ray_node(home: Path, address: str, *, num_cpus: int = 1, num_gpus: int = 0):
         yield
     finally:
         end_session(proc.pid)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def can_hide_folders() -> str | None:
+    """Why a node cannot be given a disk of its own here (None if it can): that takes a mount
+    namespace (root, `unshare`) and loopback addresses beyond 127.0.0.1 (Linux routes 127/8 to lo)."""
+    if sys.platform != "linux" or shutil.which("unshare") is None:
+        return "needs Linux's `unshare`"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs tmpfs /mnt"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot make a mount namespace here: {probe.stderr.strip()[:200]}"
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.3", 0))
+    except OSError as e:
+        return f"cannot use the loopback address 127.0.0.3: {e}"
+    return None
+
+
+class Node:
+    """A Ray node of its own: its processes in one session (``sid``), ended by ``kill``."""
+
+    def __init__(self, sid: int, temp: str):
+        self.sid, self.temp = sid, temp
+
+    def raylet(self) -> int:
+        """The pid of the node's raylet (its view of the file system is ``/proc/<pid>/root``)."""
+        return next(pid for pid in session_processes(self.sid)
+                    if "raylet" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
+
+    def kill(self) -> None:
+        """The machine is gone: every process of the node at once, with SIGKILL."""
+        end_session(self.sid, grace=0.0, signals=(signal.SIGKILL,))
+
+
+@contextmanager
+def ray_node_without(hidden: list[Path], home: Path, address: str, *, ip: str, num_cpus: int = 2):
+    """A node at ``ip`` that joins the head at ``address`` from a mount namespace of its own in which
+    each folder of ``hidden`` is an empty tmpfs: another machine, whose disk does not hold what the
+    driver wrote there (the rest of the file system it shares, as a network mount would). Yields a
+    :class:`Node`; every process of it is ended on the way out."""
+    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
+    temp = tempfile.mkdtemp(prefix="fsnode-")
+    mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(h))}" for h in hidden)
+    start = " ".join(shlex.quote(a) for a in [ray_bin, "start", "--address", address, "--node-ip-address", ip,
+                                              "--num-cpus", str(num_cpus), "--disable-usage-stats",
+                                              "--temp-dir", temp, "--block"])
+    with open(Path(temp) / "node.log", "w") as log:
+        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                 f"{mounts} && exec {start}"],
+                                env=user_env(home), start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    node = Node(proc.pid, temp)
+    try:
+        started = time.time()
+        while "Ray runtime started" not in (Path(temp) / "node.log").read_text():
+            assert proc.poll() is None and time.time() - started < 120, (Path(temp) / "node.log").read_text()[-2000:]
+            time.sleep(0.2)
+        yield node
+    finally:
+        node.kill()
+        proc.wait()
         shutil.rmtree(temp, ignore_errors=True)

@@ -5,9 +5,11 @@ import subprocess
 import sys
 import threading
 
+import pytest
 import yaml
 
-from raycluster import ray_head, ray_node, user_env
+from fedsweep.cli import main
+from raycluster import can_hide_folders, ray_head, ray_node, ray_node_without, user_env
 from test_tune import TINY, trial_runs
 
 
@@ -115,3 +117,70 @@ def test_a_trial_no_node_can_hold_waits_for_one_and_says_so(tmp_path, tmp_path_f
             reader.join(timeout=10)
     _, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "wait")
     assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["finished", "finished"]
+
+
+def test_nodes_without_the_drivers_disk(tmp_path, tmp_path_factory, monkeypatch):
+    """Worker nodes that are other machines: each joins from a mount namespace of its own, in which
+    the driver's folder (its sweep file, MLflow store and default storage) is an empty disk. A
+    storage there is refused before anything is trained, in one line naming the node. With a shared
+    storage the sweep runs; its node is killed mid-trial (every process at once, as a machine that
+    goes down) and another joins: the trials continue there from their last checkpoint, and every
+    run ends with each round once, its summary and its artifacts, none of which ever were on the
+    driver's disk. Nothing fedsweep wrote is left on the nodes' disks."""
+    why = can_hide_folders()
+    if why:
+        pytest.skip(why)
+    import os
+    import time
+
+    from mlflow import MlflowClient
+    home = tmp_path_factory.mktemp("home")
+    driver, shared = tmp_path / "driver", tmp_path / "shared"
+    driver.mkdir()
+    base = {**TINY["base"], "rounds": 2000, "eval": {"every": 100, "target_accuracy": 0.3}}
+    path = sweep_file(driver, "far", base=base, grid={"local.lr": [0.05, 0.1]}, checkpoint_every=1, max_failures=3)
+    uri = f"sqlite:///{driver / 'mlflow.db'}"
+    # the head notices a silent node in ~2 s (Ray's default: ~15 s)
+    with ray_head(home, num_cpus=0, ip="127.0.0.2", system_config={
+            "health_check_period_ms": 500, "health_check_failure_threshold": 3}) as address:
+        with ray_node_without([driver], home, address, ip="127.0.0.3") as first:
+            refused = fedsweep(driver, home, "tune", path, "--address", address)
+            err = refused.stderr.strip()
+            assert refused.returncode == 2 and len(err.splitlines()) == 1, err[-2000:]
+            assert err.startswith(f"fedsweep: error: --storage {driver / 'fedsweep_runs'}: node 127.0.0.3 ") and \
+                "cannot read what this driver writes there (no such file there)" in err and "NFS" in err, err
+            assert MlflowClient(uri).get_experiment_by_name("far") is None            # nothing made, nothing run
+
+            with open(tmp_path / "driver.log", "w") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path, "--address", address,
+                                         "--storage", str(shared)], cwd=driver, stdout=log, stderr=subprocess.STDOUT,
+                                        env=user_env(home, MLFLOW_TRACKING_URI=uri))
+            try:
+                ckpts = shared / "far" / "trial_checkpoints"
+                deadline = time.time() + 240
+                while not (ckpts.is_dir() and len(list(ckpts.glob("*.ckpt"))) == 2):   # both trials part-way
+                    assert proc.poll() is None and time.time() < deadline, (tmp_path / "driver.log").read_text()[-3000:]
+                    time.sleep(0.2)
+                first.kill()
+                with ray_node_without([driver], home, address, ip="127.0.0.4") as second:
+                    assert proc.wait(timeout=300) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+                    assert os.listdir(f"/proc/{second.raylet()}/root{driver}") == []   # its view of the driver's folder
+            finally:
+                proc.kill()
+    printed = (tmp_path / "driver.log").read_text()
+    assert "sweep done: 2 finished" in printed and printed.count("[resumed] ") == 2, printed[-3000:]
+    client, runs = trial_runs(uri, "far")
+    assert len(runs) == 2
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.tags["fedsweep.status"] == "finished"
+        assert 0 < int(r.data.tags["fedsweep.resumed_from_round"]) < 2000              # from its checkpoint
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        assert steps == list(range(1, 2001))                                          # each round once
+        assert r.data.metrics["summary/rounds"] == 2000 and r.data.metrics["best/test_accuracy"] > 0.3
+        assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \
+            {a.path for a in client.list_artifacts(r.info.run_id)}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["report", path, "--out", str(driver / "rep")]) == 0
+    text = (driver / "rep" / "report.md").read_text()
+    for r in runs:                                                                     # scored from the summaries
+        assert f"| local.lr={r.data.params['local.lr']} | {r.data.metrics['best/test_accuracy']:.4f} | " in text

@@ -76,21 +76,22 @@ def test_what_a_killed_driver_left_of_a_new_sweep_folder_is_its_own(tmp_path):
     start uses it as it is. Once the state file is there (it is written first), the folder is
     fedsweep's: `--restart` deletes it even without the trials file. Anything else stays refused."""
     from fedsweep.config import ConfigError
-    from fedsweep.tune import STATE_FILE, _discard
+    from fedsweep.storage import STATE_FILE, Storage
+    from fedsweep.tune import _discard
     empty = tmp_path / "empty"
     empty.mkdir()
-    _discard(empty, empty / STATE_FILE)
+    _discard(Storage(empty))
     assert empty.is_dir() and not any(empty.iterdir())
     half = tmp_path / "half"
     half.mkdir()
     (half / STATE_FILE).write_text("{}")
-    _discard(half, half / STATE_FILE)
+    _discard(Storage(half))
     assert not half.exists()
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="was not made by fedsweep"):
-        _discard(mine, mine / STATE_FILE)
+        _discard(Storage(mine))
     assert (mine / "notes.txt").read_text() == "mine"
 
 

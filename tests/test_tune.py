@@ -106,9 +106,11 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
 def test_the_driver_writes_no_second_copy_of_the_metrics_or_artifacts(finished_sweep):
     """Tune's default loggers (result.json, progress.csv, TensorBoard events in every trial's
     folder) would write each metric row again beside MLflow, in the driver, at every report; and
-    the artifacts each worker draws for the driver to log stay only until MLflow holds them."""
+    the artifacts each worker draws reach the driver in its final report, so no copy of them is
+    written to any disk but MLflow's."""
     tmp, _, _ = finished_sweep
-    assert not (tmp / "fedsweep_runs" / "tiny" / "trial_artifacts").exists()
+    drawn = {"summary.json", "curves.png", "metrics.csv", "config.yaml"}
+    assert not [p for p in (tmp / "fedsweep_runs").rglob("*") if p.name in drawn]
     trial_dirs = [p for p in (tmp / "fedsweep_runs" / "tiny").iterdir() if p.name.startswith("run_unit_")]
     assert len(trial_dirs) == 8
     written = {f.name for d in trial_dirs for f in d.rglob("*") if f.is_file()}
@@ -317,16 +319,19 @@ def _driver_writer(tmp_path):
     from mlflow import MlflowClient
     from ray.tune.experiment import Trial
 
+    from fedsweep.storage import Storage
+    from fedsweep.tracking import experiment_id
     from fedsweep.tune import _trial_payload
     from fedsweep.tune_callbacks import make_mlflow_callback
     sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
     trials = expand(sweep)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("p")
+    exp = experiment_id(client, "p", uri)                       # its artifacts beside the store, as a sweep's
     parent = client.create_run(exp).info.run_id
     payloads = [_trial_payload(t, sweep) for t in trials]
-    writer = make_mlflow_callback(uri, exp, parent, "p", str(tmp_path / "ckpt"), payloads, [[t.index] for t in trials])
+    writer = make_mlflow_callback(uri, exp, parent, "p", Storage(tmp_path / "storage" / "p"), payloads,
+                                  [[t.index] for t in trials])
     return client, writer, payloads, Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
 
 
@@ -340,7 +345,6 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     from ray import cloudpickle
 
     from fedsweep.config import RunConfig
-    from fedsweep.trainable import trial_artifacts
     client, writer, payloads, trial = _driver_writer(tmp_path)
     restored = cloudpickle.loads(cloudpickle.dumps(writer))      # as Tune restores it on --resume
     writer.on_trial_start(0, [trial], trial)
@@ -361,13 +365,11 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     again = cloudpickle.loads(cloudpickle.dumps(writer))
     again.on_trial_start(0, [trial], trial)
     assert client.get_run(run_id).info.status == "FINISHED" and ("t1", 1) in again.closed
-    # Tune's replay ends that trial again: the run is kept as it was, and the artifacts its worker
-    # drew again (or had drawn before the kill) are not logged a second time, only removed.
-    made = trial_artifacts(str(tmp_path / "ckpt"), "t1", 1)
-    made.mkdir(parents=True)
-    (made / "summary.json").write_text("{}")
+    # Tune's replay ends that trial again, its final report carrying the artifacts drawn again: the
+    # run is kept as it was, and nothing is logged a second time.
+    again.on_trial_result(0, [trial], trial, {"members": {"1": {"rows": [], "status": "finished",
+                                                                "artifacts": {"summary.json": b"{}"}}}})
     again.on_trial_complete(0, [trial], trial)
-    assert not (tmp_path / "trial_artifacts").exists()
     assert client.get_run(run_id).info.status == "FINISHED" and client.list_artifacts(run_id) == []
 
 
@@ -381,18 +383,79 @@ def test_a_members_last_rows_are_written_at_its_last_report(tmp_path):
 
     def report(rounds, **final):
         rows = [{"round": r, "train/loss": 1.0 / r} for r in rounds]
-        writer.on_trial_result(0, [trial], trial, {"members": {"1": {"rows": rows, **final}}})
+        result = {"members": {"1": {"rows": rows, **final}}}
+        writer.on_trial_result(0, [trial], trial, result)
+        trial.update_last_result(result)                 # as Tune does, after its callbacks: the same dict
         return [m.step for m in client.get_metric_history(run_id, "train/loss")]
 
     assert report([1, 2]) == [1, 2]                  # the first report is written
     assert report([3]) == [1, 2]                     # the next waits for FLUSH_SECONDS...
-    assert report([4], status="finished") == [1, 2, 3, 4]   # ...unless it is the member's last
+    drawn = {"summary.json": json.dumps({"status": "finished", "best_test_accuracy": 0.5, "rounds": 4}).encode(),
+             "curves.png": b"png"}
+    assert report([4], status="finished", artifacts=drawn) == [1, 2, 3, 4]   # ...unless it is the member's last
     run = client.get_run(run_id)
     assert run.info.status == "RUNNING" and run.data.tags["fedsweep.status"] == "running"
-    writer.on_trial_complete(0, [trial], trial)      # no artifacts drawn: the close writes the status
+    assert "artifacts" not in trial.last_result["members"]["1"]   # not kept in Tune's snapshots
+    writer.on_trial_complete(0, [trial], trial)      # the close writes the summary, artifacts and status
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["fedsweep.status"] == "finished"
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2, 3, 4]
+    assert run.data.metrics["summary/rounds"] == 4 and run.data.metrics["best/test_accuracy"] == 0.5
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["curves.png", "summary.json"]
+
+
+def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path, monkeypatch):
+    """A run is closed as finished only with its summary. One whose final report carried no
+    artifacts, and one a scheduler stopped whose checkpoint the driver cannot read (a storage the
+    nodes did not share), each end `incomplete` (MLflow FAILED) with the reason; the sweep's last
+    lines name them and exit 4, and `fedsweep report` names them and scores only the complete run
+    (it used to score such runs as accuracy 0, "no target accuracy was set")."""
+    from ray.tune.experiment import Trial
+
+    from fedsweep.cli import sweep_outcome
+    from fedsweep.tune import _outcomes
+    client, writer, payloads, missing = _driver_writer(tmp_path)
+    done, stopped = (Trial("run_unit", config={"trial": i}, trial_id=f"t{i}", stub=True) for i in (0, 2))
+    rows = [{"round": r, "train/loss": 1.0, "round/seconds": 0.1, "comm/up_models": 4.0, "comm/down_models": 4.0,
+             "compute/grad_evals": 16.0, **({"test/accuracy": 0.2 * r, "test/loss": 1.0} if r % 2 == 0 else {})}
+            for r in (1, 2, 3, 4)]
+    from fedsweep.config import RunConfig
+    from fedsweep.run import summarize, summary_json
+    summary = summary_json(summarize(RunConfig(**payloads[0]["run"]), rows)).encode()
+    for trial, final in ((done, {"status": "finished", "artifacts": {"summary.json": summary}}),
+                         (missing, {"status": "finished"}), (stopped, {})):
+        writer.on_trial_start(0, [trial], trial)
+        result = {"members": {str(trial.config["trial"]): {"rows": rows, **final}},
+                  **({"fedsweep_done": True} if final else {})}
+        writer.on_trial_result(0, [trial], trial, result)
+        trial.update_last_result(result)
+        writer.on_trial_complete(0, [trial], trial)
+    runs = {r.data.tags["ray.trial_id"]: r for r in trial_runs(writer.uri, "p")[1]}
+    assert runs["t0"].info.status == "FINISHED" and runs["t0"].data.tags["fedsweep.status"] == "finished"
+    where = tmp_path / "storage" / "p" / "trial_checkpoints"
+    for tid, last in (("t1", "its final report carried none"), ("t2", "stopped by the scheduler")):
+        run = runs[tid]
+        assert run.info.status == "FAILED" and run.data.tags["fedsweep.status"] == "incomplete"
+        assert run.data.tags["fedsweep.error"] == (f"no summary or artifacts reached the driver ({last}; no "
+                                                   f"checkpoint at {where / f'{tid}.ckpt'})")
+        assert "summary/rounds" not in run.data.metrics and client.list_artifacts(run.info.run_id) == []
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2, 3, 4]
+
+    outcome = _outcomes(client, runs["t0"].info.experiment_id, writer.parent_id)
+    assert outcome["finished"] == 1 and outcome["incomplete"] == 2
+    lines = sweep_outcome({**outcome, "trials": 3, "unfinished": 0, "parent_run_id": writer.parent_id,
+                           "experiment": "p", "tracking_uri": writer.uri}, "p.yaml").splitlines()
+    assert lines[0] == "sweep done: 1 finished, 2 incomplete"
+    assert {line.split(": ", 1)[0] for line in lines[1:3]} == {
+        f"incomplete ({runs[t].info.run_name})" for t in ("t1", "t2")}
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", writer.uri)
+    assert main(["report", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "- trials: 3 (finished 1, incomplete 2)" in text and "## Incomplete runs" in text
+    for tid in ("t1", "t2"):
+        assert f"| {runs[tid].info.run_name} | `{runs[tid].data.tags['fedsweep.config_id']}` |" in text
+    assert "## Failed trials" not in text
 
 
 def test_metric_batches_keep_rounds_whole_and_the_summary_last():
@@ -713,43 +776,3 @@ def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
     assert "| algorithm.temperature=0.3 |" in text and "| algorithm.temperature=3 |" in text
     for name in ("weights_fedsoftmax.png", "settings_curves.png"):
         assert (tmp_path / "rep" / name).stat().st_size > 10_000
-
-
-def test_what_the_artifacts_thread_raises_fails_the_trial():
-    """A trial draws its artifacts in a thread beside its final report (fedsweep.trainable.run_unit);
-    an error there must still fail the trial, in the trial's own thread, once both are done."""
-    from fedsweep.trainable import _report_while_drawing
-    done = []
-    _report_while_drawing(lambda: done.append("report"), lambda: done.append(1))
-    assert done.count(1) == 1 and "report" in done
-
-    def fail():
-        raise OSError("disk full")
-    with pytest.raises(OSError, match="disk full"):
-        _report_while_drawing(lambda: None, fail)
-
-
-def test_a_trials_artifacts_appear_whole_or_not_at_all(tmp_path):
-    """The driver logs a trial's artifact folder once it finds its summary.json; with a scheduler Tune
-    closes the run while the trial's worker may still be busy, and a folder half written was logged
-    without curves.png. The worker writes a staging folder and renames it."""
-    from fedsweep.trainable import _write_whole
-    target = tmp_path / "trial_artifacts" / "t0" / "3"
-
-    def draw(label, fail=False):
-        def write(folder):
-            folder.mkdir(parents=True)
-            (folder / "summary.json").write_text(label)
-            assert not target.exists() or (target / "summary.json").read_text() != label
-            if fail:
-                raise OSError("disk full")
-            (folder / "curves.png").write_text(label)
-        return write
-
-    with pytest.raises(OSError, match="disk full"):
-        _write_whole(draw("first", fail=True), target)
-    assert not target.exists()                        # nothing the driver could take for a whole folder
-    _write_whole(draw("second"), target)
-    _write_whole(draw("third"), target)              # a retried trial's replaces the earlier whole
-    assert sorted(p.name for p in target.parent.iterdir()) == ["3"]
-    assert {p.name: p.read_text() for p in target.iterdir()} == {"summary.json": "third", "curves.png": "third"}
