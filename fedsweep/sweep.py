@@ -275,13 +275,13 @@ def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:
             raise ConfigError(f"{source}: {e} (trial {t.label})") from None
 
 
-# Datasets made in memory (no files), in a tenth of a second: the ones check_data splits before Ray.
-MADE_IN_MEMORY = ("digits", "synthetic")
+# Datasets made in memory (no files), in a fraction of a second: the ones check_data splits before Ray.
+MADE_IN_MEMORY = ("digits", "mnist_5k", "synthetic")
 
 
 def check_data(trials: list[Trial], source: str = "sweep") -> None:
-    """Each distinct data set-up of the trials (``data``, ``server_data``) on ``digits`` or
-    ``synthetic`` made and split over its clients here, as its first trial will make it: a split that
+    """Each distinct data set-up of the trials (``data``, ``server_data``) on ``digits``, ``mnist_5k``
+    or ``synthetic`` made and split over its clients here, as its first trial will make it: a split that
     cannot be made (``classes_per_client`` above the number of classes, more clients than samples, a
     ``train_size`` or server pool too large, ...) is refused in one line naming the key and the trial,
     instead of failing every trial that uses it once Ray runs them. Digits' split errors depend on

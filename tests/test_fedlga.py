@@ -97,6 +97,8 @@ def test_communication_counts_extra_uploads(source, up):
     ("projection", 0.0, (-0.4, -0.4)),                 # Δ2 + 0.9 g
     ("continuation", 0.0, (3.35, 3.35)),               # Δ2 − 1.5 (g + 0.9 g) = 0.5 + 1.5 · 1.9
     ("continuation", 0.5, (2.675, 2.675)),             # coef 0.9 / (1 + 0.5 · 2) = 0.45: 0.5 + 1.5 · 1.45
+    ("continuation", "step", (2.3375, 2.3375)),        # λ_2 = η_l m_2 = 1.5: coef 0.9 / (1 + 1.5 · 2) = 0.225
+    ("projection", "step", (0.275, 0.275)),            # Δ2 + 0.225 g
     ("extrapolation", 0.0, (2.0, 2.0)),                # Δ2 − 1.5 g = Δ2 · E/E_2 = 4 Δ2
     ("extrapolation", 7.0, (2.0, 2.0)),                # no Hessian term: λ plays no part
 ])
@@ -104,6 +106,24 @@ def test_readings_by_hand(reading, damping, d2):
     u = make(reading=reading, damping=damping).aggregate(W, {"delta": DELTA}, plan([4, 4, 1]))
     torch.testing.assert_close(u, (DELTA[0] + DELTA[1] + torch.tensor(d2, dtype=torch.float64)) / 3,
                                rtol=0, atol=1e-12)
+
+
+def test_step_damping_bounds_the_hessian_term_by_the_distance_to_w_hat():
+    """`damping: step` (λ_i = η_l m_i): the Hessian term moves the straggler by at most the projection
+    of ŵ − w_i on g_i, however large ‖g_i‖; undamped it grows with ‖g_i‖² (what diverged on MNIST)."""
+    for scale in (1.0, 10.0, 1e3):
+        delta = DELTA.clone()
+        delta[2] *= scale                                        # ‖g_2‖ = scale·√2
+        parts = {}
+        for damping in (0.0, "step"):
+            with_h = make(reading="continuation", damping=damping).aggregate(W, {"delta": delta}, plan([4, 4, 1]))
+            without = make(reading="extrapolation").aggregate(W, {"delta": delta}, plan([4, 4, 1]))
+            parts[damping] = ((with_h - without) * 3).norm().item()   # the Hessian term's displacement of client 2
+        g = -delta[2] / 0.5
+        v = W + (delta[0] + delta[1]) / 2 - (W + delta[2])
+        bound = ((g @ v).abs() / g.norm()).item()
+        assert parts["step"] <= bound + 1e-9
+        assert parts[0.0] == pytest.approx(1.5 * (g @ g).item() * bound, rel=1e-9)
 
 
 @pytest.mark.parametrize("reading", ["projection", "continuation", "extrapolation"])
@@ -147,3 +167,14 @@ def test_readings_in_both_engines_by_hand(engine, reading, source, d2):
     algo = make_algorithm("fedlga", 3, 2, SIZES, reading=reading, grad_source=source, damping=0.0)
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), [3, 3, 1], 0.5, engine=engine, expected=3)
     close(u, (t(1.75, 0.0) + t(0.0, 3.5) + t(*d2)) / 3)
+
+
+@pytest.mark.parametrize("value", ["-1", "big", "inf"])
+def test_damping_is_a_number_or_step_in_one_line(value):
+    from fedsweep.config import ConfigError, build_config
+    from conftest import tiny_raw
+    with pytest.raises(ConfigError) as e:
+        build_config(tiny_raw(algorithm={"name": "fedlga"}), [f"algorithm.damping={value}"])
+    want = "Input should be a finite number" if value == "inf" else "allowed: a number ≥ 0, or 'step'"
+    assert str(e.value).startswith(f"algorithm.damping: {want}") and "\n" not in str(e.value)
+    assert build_config(tiny_raw(algorithm={"name": "fedlga"}), ["algorithm.damping=step"]).algorithm.damping == "step"

@@ -98,6 +98,16 @@ def test_members_of_a_file_backed_dataset_share_one_copy_of_it(tmp_path):
     assert_members_match(cfgs, packed)
 
 
+def test_mnist_5k_members_share_one_copy_and_end_as_unpacked():
+    """The real-image dataset packs as digits does: one copy of its images for the pack, and each
+    member where its unpacked run ends."""
+    data = {"name": "mnist_5k", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
+    cfgs = [build_config(tiny_raw(data=data, rounds=2, clients_per_round=3), [f"seed={s}"]) for s in (3, 4)]
+    packed = train_packed(cfgs)
+    assert all(m.data.x_train is packed.x for m in packed.members) and packed.offsets == [0, 0]
+    assert_members_match(cfgs, packed)
+
+
 def test_loop_engine_members_run_their_own_engines():
     cfgs = [build_config({**tiny_raw(), "engine": "loop"}, [f"seed={s}"]) for s in (3, 4)]
     assert_members_match(cfgs, train_packed(cfgs))

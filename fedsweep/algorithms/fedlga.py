@@ -54,9 +54,10 @@ Aggregation weights q_i replace 1/K when ``algorithm.weighting: data``.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
@@ -73,7 +74,26 @@ class FedLGAParams(BaseModel):
     grad_source: Literal["mean", "last", "exact"] = Field(
         "mean", description="g_i for the rank-1 Hessian: `mean` −Δ_i/(η_l E_i) (free), `last` last local "
         "gradient (+1 upload), `exact` fresh gradient at w_i (+1 pass, +1 upload).")
-    damping: float = Field(0.0, ge=0, description="λ: G_i v = g(gᵀv)/(1+λ‖g‖²); 0 is eq. (6) literally.")
+    damping: float | Literal["step"] = Field(
+        0.0, description="λ ≥ 0: G_i v = g(gᵀv)/(1+λ‖g‖²); 0 is eq. (6) literally. `step`: λ_i = η_l m_i, the "
+        "length of the straggler's missing steps, so that the Hessian term never moves the model further "
+        "along g_i than ŵ lies, however large ‖g_i‖ (a trust region).")
+
+    @field_validator("damping", mode="before")
+    @classmethod
+    def _number_or_step(cls, v):
+        """One error naming the key and what it allows (a union would name each of its branches)."""
+        if v == "step":
+            return v
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError("allowed: a number ≥ 0, or 'step'") from None
+        if not math.isfinite(x):
+            raise ValueError("Input should be a finite number")
+        if x < 0:
+            raise ValueError("allowed: a number ≥ 0, or 'step'")
+        return x
     fallback: Literal["fedavg", "extrapolate"] = Field(
         "fedavg", description="When no sampled client completed E: `fedavg` (no correction) or "
         "`extrapolate` (ŵ = w^t + mean Δ_i·E/E_i).")
@@ -143,13 +163,19 @@ class FedLGA(Algorithm):
         else:
             return delta
         v = w_hat - (w + d)                                                         # ŵ − w_i
-        coef = (g * v).sum(1) / (1.0 + self.params.damping * (g * g).sum(1))        # gᵀv / (1+λ‖g‖²)
+        step = self.missing_step_size(plan, delta)[rows]                            # η_l m_i
+        coef = (g * v).sum(1) / (1.0 + self.damping_for(step.squeeze(1), (g * g).sum(1)))   # gᵀv / (1+λ‖g‖²)
         hv = coef.unsqueeze(1) * g                                                  # G_i (ŵ − w_i), eq. (6)
         if reading == "projection":
             corrected = d + hv                                                      # eq. (5) as printed
         else:                                                                       # continuation
-            corrected = d - self.missing_step_size(plan, delta)[rows] * (g + hv)
+            corrected = d - step * (g + hv)
         return delta.index_copy(0, rows, corrected)
+
+    def damping_for(self, step: torch.Tensor, gg: torch.Tensor) -> torch.Tensor | float:
+        """λ_i ‖g_i‖², the damping of G_i's denominator: λ given, or λ_i = η_l m_i (``step``)."""
+        lam = self.params.damping
+        return step * gg if lam == "step" else lam * gg
 
     @staticmethod
     def missing_step_size(plan, like: torch.Tensor) -> torch.Tensor:

