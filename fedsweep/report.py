@@ -117,6 +117,9 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
             .drop(columns="_done").sort_values(["method", "config_id", "seed"]).reset_index(drop=True))
     varying = sorted(k for k in param_keys if df[k].dropna().astype(str).nunique() > 1)
     df = df.drop(columns=sorted(param_keys - set(varying)))
+    for k in varying:   # numbers beside words (algorithm.damping: 0, 1, step): all words, so they sort
+        if len({isinstance(v, str) for v in df[k].dropna()}) > 1:
+            df[k] = df[k].map(lambda v: v if isinstance(v, str) or pd.isna(v) else _fmt_value(v))
     df.attrs.update(params=varying, tracking_uri=uri, experiment=experiment, sweep=sweep, runs_read=len(runs))
     return df
 

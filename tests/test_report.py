@@ -337,3 +337,29 @@ def test_relative_target_needs_a_reference_that_ran(store_soft, tmp_path):
     with pytest.raises(ConfigError, match="reference method 'fedprox' has no finished trials"):
         write_report(store_soft, "soft", "soft", tmp_path, setting_keys=["algorithm.temperature"],
                      reference="fedprox", relative_target=0.9)
+
+
+def test_a_setting_of_numbers_and_words_is_reported(tmp_path):
+    """algorithm.damping takes a number or 'step': a setting holding both sorts and plots (its
+    numbers read as words beside 'step'; sorting the mixed column failed)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("mixed", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="mixed", tags={"fedsweep.role": "sweep", "fedsweep.sweep": "mixed"})
+    for i, damping in enumerate(["0.0", "1.0", "step"]):
+        run = client.create_run(exp, run_name=f"d{damping}", tags={
+            "mlflow.parentRunId": parent.info.run_id, "fedsweep.role": "trial", "fedsweep.sweep": "mixed",
+            "fedsweep.method": "fedlga", "fedsweep.config_id": f"c{i}", "fedsweep.status": "finished"})
+        acc = 0.8 + 0.05 * i
+        client.log_batch(run.info.run_id, params=[Param("seed", "0"), Param("algorithm.name", "fedlga"),
+                                                  Param("algorithm.damping", damping)],
+                         metrics=[Metric("test/accuracy", acc, 0, 1), Metric("round/seconds", 0.1, 0, 1),
+                                  Metric("best/test_accuracy", acc, 0, 0), Metric("summary/rounds", 1, 0, 0)])
+        client.set_terminated(run.info.run_id)
+    trials = load_trials(uri, "mixed", "mixed")
+    assert sorted(trials["algorithm.damping"]) == ["0", "1", "step"]
+    path = write_report(uri, "mixed", "mixed", tmp_path / "rep", setting_keys=["algorithm.damping"])
+    text = path.read_text()
+    assert all(f"| {d} | fedlga |" in text for d in ("0", "1", "step")) and (path.parent / "settings_curves.png").is_file()
