@@ -26,9 +26,13 @@ so they cannot be used literally; ``reading`` picks how they are read:
 - ``extrapolation``: the continuation without the Hessian term, Δ̂_i = Δ_i − η_l m_i g_i; with the
   ``mean`` gradient this is linear extrapolation, Δ̂_i = Δ_i (E_i + m_i)/E_i.
 
-The defaults (``continuation``, ``mean``, λ = 0) were chosen by the rule stated in
-sweeps/fedlga_readings.yaml before its 2400 runs (docs/results.md): lowest mean rounds to target
-over two partitions × ρ ∈ {0.1, 0.5, 0.9}, ties to the simpler variant.
+The default reading, ``extrapolation`` (with ``mean``), was chosen by the rule stated in
+sweeps/fedlga_safeguards.yaml before its runs (docs/results.md): no divergence at any learning rate
+where FedAvg converges, on digits and on real MNIST images (mnist_5k), then the lowest mean rounds to
+target, ties to the simpler variant. ``continuation`` with λ = 0, the default chosen on digits alone
+at η_l ≤ 0.1 (sweeps/fedlga_readings.yaml), diverged where FedAvg did not at 35 of the study's grid
+points: its Hessian term grows with η_l m_i ‖g_i‖², which reaches 20 on MNIST's larger gradients in
+the first round (docs/results/fedlga_divergence.py). ``damping: step`` bounds it.
 
 m_i are the SGD steps the straggler did not take: E − E_i with ``local.unit: steps``, and
 (E − E_i) passes of ceil(n_i/B) steps with ``local.unit: epochs``.
@@ -42,7 +46,9 @@ Choices the paper leaves open, exposed as options:
   literally (+1 gradient pass and +1 upload per straggler).
 - ``damping`` λ ≥ 0 (default 0) — G_i v = g_i (g_iᵀv) / (1 + λ‖g_i‖²). λ = 0 is the paper. For λ > 0 this is the
   Sherman–Morrison-damped step: bounded when ‖g‖ is large (it tends to the projection of v on g
-  scaled by 1/λ), which keeps early, large-gradient rounds stable.
+  scaled by 1/λ), which keeps early, large-gradient rounds stable. ``step`` sets λ_i = η_l m_i, so
+  the continuation's Hessian displacement η_l m_i G_i v = [a/(1+a)] ĝ ĝᵀ v (a = η_l m_i ‖g_i‖²) never
+  exceeds the projection of ŵ − w_i on g_i: a trust region with nothing to choose.
 - ``fallback`` when every sampled client is a straggler (K_2 empty, ŵ undefined): ``fedavg``
   (default) aggregates the uncorrected Δ_i, exactly FedAvg for that round; ``extrapolate`` uses
   ŵ = w^t + mean_i Δ_i E / E_i, each straggler's mean rate continued to E. ``extrapolation``
@@ -67,7 +73,7 @@ from fedsweep.lazy import torch
 class FedLGAParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reading: Literal["projection", "continuation", "extrapolation"] = Field(
-        "continuation", description="How eq. (4)–(5) are read: `projection` Δ_i + G_i(ŵ − w_i) (eq. 5 as "
+        "extrapolation", description="How eq. (4)–(5) are read: `projection` Δ_i + G_i(ŵ − w_i) (eq. 5 as "
         "printed); `continuation` Δ_i − η_l m_i (g_i + G_i(ŵ − w_i)), the m_i missing steps taken with the "
         "Taylor-corrected gradient (the text's 'averaged gradient between epoch E_i and E'); "
         "`extrapolation` Δ_i − η_l m_i g_i (no Hessian term).")
