@@ -108,7 +108,7 @@ def test_missing_data_folder_and_config_file(tmp_path, capsys):
 def test_config_command_prints_resolved_defaults(tmp_path, capsys):
     assert main(["config", write(tmp_path, tiny_raw(algorithm={"name": "fedlga"}))]) == 0
     resolved = yaml.safe_load(capsys.readouterr().out)
-    assert resolved["algorithm"] == {"name": "fedlga", "weighting": "uniform", "reading": "continuation", "grad_source": "mean",
+    assert resolved["algorithm"] == {"name": "fedlga", "weighting": "uniform", "reading": "extrapolation", "grad_source": "mean",
                                      "damping": 0.0, "fallback": "fedavg"}
 
 
