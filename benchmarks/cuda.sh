@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every CUDA measurement issue 13 asks for, one JSON file each into OUT (default: benchmarks/), so a
-# run cut short keeps what it finished. Needs one NVIDIA GPU and fedsweep's dependencies but neither
+# Every CUDA measurement of benchmarks/, one JSON file each into OUT (default: benchmarks/), so a run
+# cut short keeps what it finished. Needs one NVIDIA GPU and fedsweep's dependencies but neither
 # Ray nor MLflow (nothing here starts a sweep): torch, lightning, pydantic, numpy, scikit-learn,
 # pyyaml, matplotlib. Run from the repository's root:
 #
@@ -26,4 +26,4 @@ done
   --json "$out/results-pack-cuda.json"
 "$py" benchmarks/pack.py --device cuda --models mlp cnn resnet18 --packs 1 8 16 32 64 --arithmetic \
   --matmul-precision high --json "$out/results-pack-cuda-tf32.json"
-"$py" -m fedsweep.cli bench --device cuda --models mlp cnn resnet18 --json "$out/results-cuda.json"
+"$py" -m fedsweep.cli bench --device cuda --models mlp cnn resnet18 --json "$out/results-engines-cuda.json"

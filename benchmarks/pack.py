@@ -18,7 +18,7 @@ around the arithmetic (Lightning, the plan, aggregation); if it falls, one confi
 ``--sweep SWEEP --pack N`` times a shipped sweep's own trials instead, on ``--device``: every trial
 one after another (``fedsweep.run.train``), then the same trials in the packs ``pack: N`` makes of
 them (``fedsweep.pack.train_packed``, one pack after another), both in this process, without Ray
-or MLflow; reported as trials per minute of each and their ratio, the training side of issue 13's
+or MLflow; reported as trials per minute of each and their ratio, the training side of the goal
 "≥ 4× the unpacked sweep's trials per minute" (a whole sweep adds Ray's and MLflow's work on the
 CPU: ``benchmarks/sweep.py``)::
 

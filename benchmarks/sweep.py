@@ -30,11 +30,11 @@ Measured, in this order, each on the same machine with nothing else running:
 Steps 2–5 run ``--repeat`` times, in turn (2, 3, 4, 5, 2, 3, ...), and the medians are reported
 with every value. With ``--baseline DIR`` (another checkout of fedsweep, e.g. ``git worktree add
 /tmp/base <commit>``), each of those measurements is taken with DIR's code right before this
-checkout's, so a change is judged against its baseline under the same machine conditions: on the
-shared 2-core machine of issue 13 the same command's times drifted by a third within an hour (the
-in-process sum of ``sweeps/fedlga.yaml`` 28.2 -> 38.8 s), more than most changes move them.
+checkout's, so a change is judged against its baseline under the same machine conditions: on a
+shared 2-core machine the same command's times drifted by a third within an hour (the in-process
+sum of ``sweeps/fedlga.yaml`` 28.2 -> 38.8 s), more than most changes move them.
 
-Goals (issue 13): wall ≤ 1.3 × sum / concurrency + 10 s unpacked (each sweep's ``over_goal_s``,
+Goals: wall ≤ 1.3 × sum / concurrency + 10 s unpacked (each sweep's ``over_goal_s``,
 below 0 when met; ``over_goal_s_all``: each repeat against the sum measured in the same repeat);
 packed ≥ 4× the unpacked trials per minute. Output: a table on stdout; with ``--json``, every number (each worker's phase
 marks included); with ``--plot PNG``, each sweep's workers against time, one lane a worker.
@@ -251,7 +251,7 @@ def _median(samples: list[dict], key: str) -> dict:
 
 
 def goal_wall(sum_s: float, concurrency: int) -> float:
-    """Issue 13's goal for a sweep's wall time, from the in-process sum of its trials."""
+    """The goal for a sweep's wall time, 1.3 × sum / concurrency + 10 s, from the in-process sum of its trials."""
     return 1.3 * sum_s / concurrency + 10
 
 
@@ -279,7 +279,7 @@ def _summarize(res: dict, samples: dict, concurrency: int, repeat: int, label: s
                                          - res["in_process"]["mean_s"])
         if "in_parallel" in res:   # what Ray, Tune, MLflow and start-up add to the trials run at once
             r["over_parallel_s"] = r["wall_s"] - res["in_parallel"]["wall_s"]
-        if "goal_wall_s" in res:   # issue 13's rule; below 0: met. Each repeat against its own sum too
+        if "goal_wall_s" in res:   # the goal's rule; below 0: met. Each repeat against its own sum too
             r["over_goal_s"] = r["wall_s"] - res["goal_wall_s"]
             r["over_goal_s_all"] = [wall - goal_wall(total, concurrency) for total, wall in
                                     zip(res["in_process"]["sum_s_all"], r["wall_s_all"])]
