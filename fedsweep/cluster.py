@@ -1,6 +1,6 @@
 """Ray for a sweep: a local instance, or an existing cluster reached with ``--address``.
 
-Token authentication (Ray 2.60, measured in shared/NOTES-stack.md): ``ray start --head`` turns it
+Token authentication (Ray 2.60, as measured in docs/design.md §7): ``ray start --head`` turns it
 on when it finds a token (``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``)
 and off when it finds none. A driver must be in the same mode: one in token mode without a token
 dies in a native check that ends the whole process, and one in the wrong mode retries for 20 s and

@@ -27,7 +27,7 @@ class _Strict(BaseModel):
 
 class PartitionConfig(_Strict):
     kind: Literal["iid", "classes", "shards", "dirichlet", "quantity"] = Field(
-        "iid", description="How training samples are split over clients (DESIGN.md §3).")
+        "iid", description="How training samples are split over clients (docs/design.md §2.4).")
     classes_per_client: int = Field(
         2, ge=1, description="`classes`: P, the number of classes each client holds (FedLGA: 2 for FMNIST).")
     shard_size: int = Field(
@@ -88,7 +88,7 @@ class LocalConfig(_Strict):
 
 class HeterogeneityConfig(_Strict):
     kind: Literal["none", "stragglers", "uniform", "profiles"] = Field(
-        "none", description="Who completes how much local work (DESIGN.md §3).")
+        "none", description="Who completes how much local work (docs/design.md §2.3).")
     rho: float = Field(
         0.0, ge=0, le=1, description="`stragglers`: ρ, the share of sampled clients that are stragglers "
         "(exactly round(ρK) of them).")

@@ -1,6 +1,6 @@
 """The round plan: who is sampled, how much local work each completes, and which batches it sees.
 
-DESIGN.md §3 is the contract. Every draw of round t derives from ``(seed, t, purpose)``
+docs/design.md §2 is the contract. Every draw of round t derives from ``(seed, t, purpose)``
 (:mod:`fedsweep.rng`), so both engines and a resumed run see the same plan.
 
 Heterogeneity models (``heterogeneity.kind``), with E = ``local.steps``:

@@ -2,7 +2,7 @@
 
 Every model here is a pure function of its parameters, so the engine can run
 ``torch.func.functional_call(model, params, (x,))`` under ``vmap`` over K stacked copies and under
-``grad`` (DESIGN.md §6). That rules out three things, none of which appears below:
+``grad`` (docs/design.md §1.5). That rules out three things, none of which appears below:
 
 - batch statistics (BatchNorm and its running buffers): the deep models use GroupNorm instead,
   as Hsieh et al., "The Non-IID Data Quagmire of Decentralized ML" (ICML 2020) recommend for FL;

@@ -108,7 +108,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
     (``scheduled``) a trial also reports where the scheduler decides: at the first evaluation at or
     past each of ASHA's ``rungs`` (:class:`Rungs`), or at every evaluation if they are not known. A
     sweeps/fedlga.yaml trial under ASHA (grace period 10, η = 3: rungs at rounds 10, 30 and 90)
-    reported 19 times before its final report, each a round trip to the driver; now 3.
+    reports 3 times before its final report, where reporting at every evaluation would make 19
+    round trips to the driver.
 
     A checkpoint goes with a report, once ``checkpoint_every`` evaluations have passed since the last
     one, so without a scheduler no more often than reports: a checkpoint only saves a retried or
@@ -116,8 +117,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
     5 rounds, ``checkpoint_every: 4``) wrote 4 of them before its final one, 2.9 ms each. With a
     scheduler every report carries one: the scheduler may stop the trial at any report, and the
     driver makes a stopped run's artifacts and summary from its checkpoint, which must hold every
-    round reported (with ``checkpoint_every: 4`` a trial stopped at its third evaluation had none,
-    and its run no artifacts or summary).
+    round reported (with ``checkpoint_every: 4`` a trial stopped at its third evaluation would have
+    none, and its run no artifacts or summary).
     ``save_checkpoint(trainer)`` writes the trial's checkpoint. ``failed``: members of a pack left
     out before training (index -> error), in every report."""
     failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}

@@ -1,6 +1,6 @@
-"""``fedsweep tune``: a sweep file -> Ray Tune trials -> MLflow parent/child runs (DESIGN.md §5).
+"""``fedsweep tune``: a sweep file -> Ray Tune trials -> MLflow parent/child runs (docs/design.md §1.3, §4).
 
-Layout of the work (measured choices in shared/NOTES-stack.md):
+Layout of the work (the measurements behind it: docs/design.md §7):
 
 - the sweep's trials are grouped into units (:func:`fedsweep.sweep.pack_units`): one trial each,
   or packs of several trained together (``pack:``, :mod:`fedsweep.pack`); Tune runs one function

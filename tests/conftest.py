@@ -84,7 +84,7 @@ def torch_state():
     with ``torch.randn``) sees the same numbers whichever tests ran before it and however many draws
     they made (test_models' vmap check once drew, after the tests before it, one of the rare inputs
     float32 cannot check); and it must leave torch's process-wide float32 matmul precision as it
-    found it (PyTorch passes `high` on to oneDNN's CPU products, and a run used to leave it set)."""
+    found it (PyTorch passes `high` on to oneDNN's CPU products, so a run must not leave it set)."""
     torch.manual_seed(0)
     before = torch.get_float32_matmul_precision()
     yield

@@ -28,8 +28,8 @@ def fedsweep(tmp_path, home, *args, **env):
 
 
 def test_head_without_token_and_fractional_gpus(tmp_path, tmp_path_factory):
-    """No token where the head started: it runs without auth, and so must the driver (it used to
-    demand a token and die in Ray's native check), even once the driver's machine has a token of its
+    """No token where the head started: it runs without auth, and so must the driver (one that demands a
+    token dies in Ray's native check), even once the driver's machine has a token of its
     own (a local `ray.init`, such as a sweep run without --address, writes one to ~/.ray/auth_token):
     a driver in token mode against such a head ended every trial with "The actor never ran". The
     head advertises one GPU: `gpu: 0.25` puts four trials on it at once, and each still trains (on

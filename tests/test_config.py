@@ -1,5 +1,5 @@
 """Config and sweep validation: one-line errors naming the key, no inf, no shared state between builds,
-and a config layer that does not import the algorithms it validates against (issue 11)."""
+and a config layer that does not import the algorithms it validates against."""
 import math
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The vectorized engine agrees with the loop reference on the same seed (DESIGN.md §2)."""
+"""The vectorized engine agrees with the loop reference on the same seed (docs/design.md §2.7)."""
 import pytest
 
 from conftest import assert_engines_agree

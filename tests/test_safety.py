@@ -31,7 +31,7 @@ def one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("name", ["..", "../x", "/tmp/fedsweep-abs", ".", ".hidden", "a/b", "a b", "x" * 101, ""])
 def test_unsafe_sweep_names_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys, name):
-    """`name: ".."` run twice used to delete the whole current directory."""
+    """`name: ".."` run twice must not delete the whole current directory."""
     work = tmp_path / "work"
     (work / "mine").mkdir(parents=True)
     (work / "mine" / "notes.txt").write_text("keep me")
@@ -224,7 +224,7 @@ def test_a_local_ray_session_ends_every_process_it_started():
 
 def test_two_runs_creating_one_fresh_store_at_once(tmp_path):
     """Two `fedsweep run`s that both find no store create it together: both land (the schema
-    migration used to fail in one of them)."""
+    migration must not fail in one of them)."""
     raw = {**TINY["base"], "rounds": 2, "mlflow": {"experiment": "race"}}
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(raw))
@@ -248,8 +248,8 @@ def test_trial_runs_helper_sees_no_store_as_an_error(tmp_path):
 
 def test_two_sweeps_started_together_run_once(tmp_path):
     """Two `fedsweep tune` of one sweep started together in a fresh folder: one runs it, the other
-    says it is running and exits 2 (one used to die in MLflow's schema migration, or both ran every
-    trial twice into one experiment)."""
+    says it is running and exits 2 (neither dies in MLflow's schema migration, and no trial runs twice
+    into one experiment)."""
     path = write_sweep(tmp_path / "twice.yaml", "twice", methods={"fedavg": {}}, grid={"local.lr": [0.1, 0.2]},
                        base={**TINY["base"], "rounds": 20})
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}

@@ -409,7 +409,7 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     artifacts, and one a scheduler stopped whose checkpoint the driver cannot read (a storage the
     nodes did not share), each end `incomplete` (MLflow FAILED) with the reason; the sweep's last
     lines name them and exit 4, and `fedsweep report` names them and scores only the complete run
-    (it used to score such runs as accuracy 0, "no target accuracy was set")."""
+    (never such a run as accuracy 0, "no target accuracy was set")."""
     from ray.tune.experiment import Trial
 
     from fedsweep.cli import sweep_outcome

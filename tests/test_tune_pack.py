@@ -30,7 +30,7 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
     assert "p: 8 trials in 2 packs" in err and "[sweep] 8 trials: 4 diverged, 4 finished" in err
     assert not ray_processes_of(os.getpgid(0))
     # A checkpoint goes with a report: no report before the last, so none before the pack's final one
-    # (with `checkpoint_every: 1` it used to follow each of its evaluations).
+    # (not one after each of its evaluations, even with `checkpoint_every: 1`).
     phases = [line.split()[1] for f in tmp_path.glob("*.txt") for line in f.read_text().splitlines()]
     assert phases.count("start") == 2 and phases.count("checkpoint") == 2
     assert all(phases[i + 1:i + 4] == ["artifacts", "checkpoint", "reported"]   # the report carries the artifacts

@@ -1,6 +1,6 @@
 """The algorithm interface: one object per algorithm, flat parameter vectors, pure client functions.
 
-Shaped after FedJAX's ``for_each_client`` split and Flower's strategies (DESIGN.md §2):
+Shaped after FedJAX's ``for_each_client`` split and Flower's strategies (docs/design.md §1.4, §5.1):
 
 client side — three pure tensor functions of ONE client, which an engine runs in a Python loop
 (``engine/loop.py``) or for all K sampled clients at once under ``torch.func.vmap``

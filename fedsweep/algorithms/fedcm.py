@@ -20,7 +20,7 @@ Choices, and where they differ from the paper or published code:
   momentum β ∈ {0.01, 0.1, 0.5}"; we read that β as this α (the same range the FedCM paper sweeps,
   whose best value is α = 0.1, the default here). If a source means the weight of d̄ instead, use
   α = 1 − β.
-- **First round**: no d̄ exists yet. ``first_round: gradient`` (default, DESIGN.md §4) takes plain
+- **First round**: no d̄ exists yet. ``first_round: gradient`` (default, docs/design.md §3) takes plain
   steps on g (a FedAvg round), and nothing extra is downloaded. ``zero_momentum`` uses d̄ = 0 in the
   formula, i.e. α g (Alg. 1 with a zero initial Δ_0, as zero-initialized public implementations do),
   which only shrinks the first round's lr by α.

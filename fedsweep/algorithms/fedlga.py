@@ -1,4 +1,5 @@
-"""FedLGA: local gradient approximation on the server (Li et al., FedLGA, IEEE TNNLS; shared/papers/fedlga.md).
+"""FedLGA: local gradient approximation on the server (Li, Qu, Tang, Lu, "FedLGA: Toward System-Heterogeneity
+of Federated Learning via Local Gradient Approximation", IEEE Transactions on Cybernetics, 2023).
 
 Stragglers (τ_i > 1) return Δ_i = w_i − w^t after only E_i < E steps. The server approximates the
 update Δ_{i,E} they would have made with E steps from a first-order Taylor expansion (eq. 4–5) at
@@ -16,8 +17,7 @@ Eq. (4)–(5) as printed add a Hessian-vector product (a change of gradient) to 
 so they cannot be used literally; ``reading`` picks how they are read:
 
 - ``projection`` (eq. 5 as printed):      Δ̂_i = Δ_i + G_i (ŵ − w_i).
-  Units do not match (a gradient change is added to a displacement); fedsweep's default before the
-  study below.
+  Units do not match (a gradient change is added to a displacement).
 - ``continuation`` (the text around eq. 4: g is "the averaged gradient between epoch E_i and E"):
   the server makes the straggler's m_i missing steps itself, with the Taylor-corrected gradient
   at ŵ,
@@ -29,8 +29,8 @@ so they cannot be used literally; ``reading`` picks how they are read:
 The default reading, ``extrapolation`` (with ``mean``), was chosen by the rule stated in
 sweeps/fedlga_safeguards.yaml before its runs (docs/results.md): no divergence at any learning rate
 where FedAvg converges, on digits and on real MNIST images (mnist_5k), then the lowest mean rounds to
-target, ties to the simpler variant. ``continuation`` with λ = 0, the default chosen on digits alone
-at η_l ≤ 0.1 (sweeps/fedlga_readings.yaml), diverged where FedAvg did not at 35 of the study's grid
+target, ties to the simpler variant. ``continuation`` with λ = 0, which sweeps/fedlga_readings.yaml
+ranks first on digits alone at η_l ≤ 0.1, diverged where FedAvg did not at 35 of the study's grid
 points: its Hessian term grows with η_l m_i ‖g_i‖², which reaches 20 on MNIST's larger gradients in
 the first round (docs/results/fedlga_divergence.py). ``damping: step`` bounds it.
 
@@ -55,7 +55,7 @@ Choices the paper leaves open, exposed as options:
   needs no ŵ and always corrects.
 
 Sign convention: the paper writes Δ as old − new in places; here Δ is always new − old
-(DESIGN.md §4), and with ρ = 0 (no stragglers) every reading is exactly FedAvg.
+(docs/design.md §3), and with ρ = 0 (no stragglers) every reading is exactly FedAvg.
 Aggregation weights q_i replace 1/K when ``algorithm.weighting: data``.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ Writing a_i for ‖a_i‖₁, the local solvers and their a_i (Sec. 4 examples, 
     proximal μ     w ← w − η [g + μ(w − w^t)]                    a_i = [1 − (1 − ημ)^{τ_i}] / (ημ)
                    (coefficients [(1 − ημ)^{τ_i−1}, …, 1])
 
-These were checked against the paper (from its text as recalled; no copy is in shared/papers, so
+These were checked against the paper (from its text as recalled, without a copy at hand, so
 equations are cited by section, not number) and against the authors' code (JYWa/FedNova,
 ``distoptim/FedNova.py``), whose per-step normalizer recursions — counter c ← ρc + 1, a += c for
 momentum; a ← (1 − ημ) a + 1 for prox; a += 1 for plain — sum to exactly these closed forms

@@ -1,5 +1,6 @@
 """Hybrid FL with server data: Server-only, CLG-SGD, FedCLG-C, FedCLG-S, SCAFFOLD+
-(shared/papers/fedclg.txt, "FedCLG", Sec. III–IV, Algorithm 1).
+(the FedCLG paper: Bian et al., "Accelerating Hybrid Federated Learning Convergence Under Partial
+Participation", IEEE Transactions on Signal Processing, 2024; Sec. III–IV, Algorithm 1).
 
 The server holds D_s^t (m_s samples, ``server_data``; ``plan.server``). After the clients' update is
 aggregated it trains on it for E_s steps with lr γ (eq. 5):
@@ -17,7 +18,8 @@ aggregated it trains on it for E_s steps with lr γ (eq. 5):
 
 ``algorithm.gradient_batch``: g_s and g_i on one minibatch (default; ζ_s, ζ_i of the paper) or on all
 of D_s^t / the client's data (``full``); the paper allows both. The server's E_s steps are minibatch
-steps of ``server_data.batch_size`` (the paper's "epochs" read as steps, like the clients' E; DESIGN.md).
+steps of ``server_data.batch_size`` (the paper's "epochs" read as steps, like the clients' E;
+docs/design.md §2.5).
 Aggregation weights q_i replace the paper's 1/M under ``algorithm.weighting: data``.
 """
 from __future__ import annotations

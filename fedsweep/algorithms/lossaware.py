@@ -1,5 +1,6 @@
 """Loss-aware aggregation: Generalized FedAvg, FedMax, FedMax(k) and FedSoftMax(T) (the FedSoftMax
-paper, ``papers/fedsoftmax.txt`` §2.3–2.4, eqs. (21)–(22) and the text after them).
+paper: Ben Mansour, Carenini, Duplessis, "Tackling Computational Heterogeneity in FL: A Few Theoretical
+Insights", §2.3–2.4, eqs. (21)–(22) and the text after them).
 
 Every client trains as in FedAvg. Before training, each sampled client evaluates the round's global
 model on its own data, F_i(w^t) (one forward pass; ``probe``), and uploads it with Δ_i. The server

@@ -20,7 +20,7 @@ Choices, and where they differ from the paper or published code:
 - **Momentum form**: the paper writes SGDm with dampening, (1 − β) g + β m. FedJAX's ``mime_lite``
   (the authors' group's published code) uses optax momentum without dampening: local direction
   g + β m and m ← β m + g. The two are the same algorithm with η_l (and the momentum scale) rescaled
-  by 1/(1 − β); we follow the paper (and DESIGN.md §4), so β = 0 is exactly FedAvg.
+  by 1/(1 − β); we follow the paper (and docs/design.md §3), so β = 0 is exactly FedAvg.
 - **Initial momentum** m = 0, as both the paper and FedJAX initialize the base optimizer's state: the
   first round's direction is therefore (1 − β) g. No warm-up or bias correction.
 - **Mean of the gradients**: weighted by q_i (``algorithm.weighting``); ``uniform`` is the paper's

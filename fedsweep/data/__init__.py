@@ -3,7 +3,7 @@
 ``load_federated(cfg.data, seed, cfg.server_data)`` = a source (:mod:`fedsweep.data.sources`), minus the
 hybrid-FL server pool (:mod:`fedsweep.data.server`) where there is one, + a partition
 (:mod:`fedsweep.data.partition`), a pure function of ``(cfg, seed)``. No DataLoader is involved:
-engines index ``x_train[client_indices[i][batch]]`` directly (DESIGN.md §6).
+engines index ``x_train[client_indices[i][batch]]`` directly (docs/design.md §1.5).
 
 The split itself (:func:`split_federated`) is numpy: a sweep's driver makes it for each of its trials'
 data set-ups before Ray starts (``sweep.check_data``) without importing torch, which it would

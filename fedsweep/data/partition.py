@@ -1,4 +1,4 @@
-"""Partitions of a labelled training set over N clients (DESIGN.md §3, ``data.partition``).
+"""Partitions of a labelled training set over N clients (docs/design.md §2.4, ``data.partition``).
 
 Every scheme is a pure function of ``(labels, N, cfg, seed)``: it draws only from
 ``np_rng(seed, -1, "partition")``, never from a global RNG. Every scheme gives every client at least

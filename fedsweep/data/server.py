@@ -1,4 +1,4 @@
-"""Hybrid FL server data (FedCLG, DESIGN.md §3 "Hybrid FL server data", ``server_data.*``).
+"""Hybrid FL server data (FedCLG, docs/design.md §2.5, ``server_data.*``).
 
 The server holds a small dataset D_s^t of m_s training samples in every round t, disjoint from every
 client's data. It is drawn from a *pool* that is split off the training set before the clients are

@@ -1,4 +1,4 @@
-"""The model as pure functions of one flat parameter vector (DESIGN.md §2: algorithms see flat vectors).
+"""The model as pure functions of one flat parameter vector (docs/design.md §1.4: algorithms see flat vectors).
 
 ``FunctionalModel`` keeps the ``nn.Module`` only as a recipe for ``torch.func.functional_call``;
 parameters live in a flat vector ``w ∈ R^n`` and are reached through views, so the same code runs
