@@ -346,6 +346,15 @@ def _groups(best: pd.DataFrame):
     return [(_setting_label(g.iloc[0], settings), g) for _, g in best.groupby(settings, sort=True, dropna=False)]
 
 
+def _tick_labels(best: pd.DataFrame, groups) -> list[str]:
+    """Short x labels for grouped bars: only the setting keys that vary, by their last name, one a line
+    (``shard_size=33`` over ``temperature=0.1``), so many groups do not run into each other."""
+    settings = [k for k in best.attrs["settings"] if best[k].nunique(dropna=False) > 1]
+    if not settings:
+        return [label or "all" for label, _ in groups]
+    return ["\n".join(f"{k.split('.')[-1]}={_fmt_value(rows.iloc[0][k])}" for k in settings) for _, rows in groups]
+
+
 def _colors(methods) -> dict:
     from fedsweep.plots import plt
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -521,7 +530,7 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
                 if note:
                     ax.text(x, y + (yerr or 0), note, ha="center", va="bottom", fontsize=8)
             top = max(top, y + (yerr or 0))
-    ax.set_xticks(range(len(groups)), [label or "all" for label, _ in groups])
+    ax.set_xticks(range(len(groups)), _tick_labels(best, groups), fontsize=8)
     if relative:
         ax.set(ylabel="rounds to the relative target", ylim=(0, top * 1.12 or 1),
                title=title or "rounds to target per method (mean ± std)")
