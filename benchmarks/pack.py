@@ -5,8 +5,8 @@
 For each model, P configs (seeds 0..P−1 of one FedAvg config: K = 10 of N = 100 clients, E = 5 steps
 of B = 10, ρ = 0.5 stragglers) are trained for ``--rounds`` rounds on synthetic data of the model's
 shape (digits-shaped 1×8×8 for the MLP and CNN, CIFAR-shaped 3×32×32 for ResNet-18), once packed
-(``fedsweep.pack.train_packed``, rows merged by its rule for the device) and once one after another
-(``fedsweep.run.train``). Reported: seconds of each, config-rounds per second, and the ratio. Time
+(``fedsweep.sweep.pack.train_packed``, rows merged by its rule for the device) and once one after another
+(``fedsweep.runs.run.train``). Reported: seconds of each, config-rounds per second, and the ratio. Time
 includes Lightning's set-up, as a sweep's trial pays it; one untimed warm-up run comes first.
 
 ``--arithmetic`` adds what packing can gain at most for the MLP: the bare arithmetic of one local
@@ -16,8 +16,8 @@ or grows with P, the device was already busy at one config and packing can only 
 around the arithmetic (Lightning, the plan, aggregation); if it falls, one config left it idle.
 
 ``--sweep SWEEP --pack N`` times a shipped sweep's own trials instead, on ``--device``: every trial
-one after another (``fedsweep.run.train``), then the same trials in the packs ``pack: N`` makes of
-them (``fedsweep.pack.train_packed``, one pack after another), both in this process, without Ray
+one after another (``fedsweep.runs.run.train``), then the same trials in the packs ``pack: N`` makes of
+them (``fedsweep.sweep.pack.train_packed``, one pack after another), both in this process, without Ray
 or MLflow; reported as trials per minute of each and their ratio, the training side of the goal
 "≥ 4× the unpacked sweep's trials per minute" (a whole sweep adds Ray's and MLflow's work on the
 CPU: ``benchmarks/sweep.py``)::
@@ -50,7 +50,7 @@ import torch
 
 
 def configs(model: str, pack: int, rounds: int, device: str, engine: str, matmul_precision: str = "highest"):
-    from fedsweep.config import build_config
+    from fedsweep.config.schema import build_config
     return [build_config({
         "seed": s, "rounds": rounds, "engine": engine, "device": device, "matmul_precision": matmul_precision,
         "clients_per_round": 10,
@@ -62,8 +62,8 @@ def configs(model: str, pack: int, rounds: int, device: str, engine: str, matmul
 
 def arithmetic(packs: list[int], device: str, clients: int = 10, batch: int = 10, seconds: float = 1.0) -> list[dict]:
     """The MLP's bare local step for ``clients``·P rows at each pack size P (see the docstring)."""
-    from fedsweep.config import build_config
-    from fedsweep.models import build_model
+    from fedsweep.config.schema import build_config
+    from fedsweep.sim.models import build_model
     cfg = build_config({"model": {"name": "mlp"}, "mlflow": {"enabled": False}})
     layers = [m for m in build_model(cfg.model, (1, 8, 8), 10).modules() if isinstance(m, torch.nn.Linear)]
     macs = [m.in_features * m.out_features for m in layers]
@@ -114,9 +114,9 @@ def sweep_trials(path: str, pack, device: str, repeat: int = 1, packed_too: bool
     """The trials of sweep ``path`` on ``device``, one after another and (``packed_too``) in the packs
     ``pack: N`` makes (see the docstring); the median of ``repeat`` timings of each."""
     import fedsweep
-    from fedsweep.pack import train_packed
-    from fedsweep.run import train
-    from fedsweep.sweep import expand, load_sweep, pack_units
+    from fedsweep.sweep.pack import train_packed
+    from fedsweep.runs.run import train
+    from fedsweep.sweep.spec import expand, load_sweep, pack_units
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
     cfgs = [t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),
@@ -244,9 +244,9 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
         return 0
-    from fedsweep.bench import SHAPES, synthetic
-    from fedsweep.pack import train_packed
-    from fedsweep.run import train
+    from fedsweep.runs.bench import SHAPES, synthetic
+    from fedsweep.sweep.pack import train_packed
+    from fedsweep.runs.run import train
     rows = []
     print(f"{'model':<10}{'pack':>6}{'packed s':>10}{'one by one s':>14}{'cfg-rounds/s packed':>21}{'ratio':>8}",
           file=sys.stderr)
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
            "rounds": args.rounds, "engine": args.engine, "matmul_precision": args.matmul_precision,
            "results": rows}
     if args.arithmetic:
-        from fedsweep.run import matmul_precision
+        from fedsweep.runs.run import matmul_precision
         with matmul_precision(args.matmul_precision):
             out["mlp_arithmetic"] = arithmetic(args.packs, args.device)
     if args.json:

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     write_cifar10(Path(args.root), args.images_per_batch)
-    from fedsweep.config import build_config
-    from fedsweep.pack import train_packed
+    from fedsweep.config.schema import build_config
+    from fedsweep.sweep.pack import train_packed
     cfgs = [build_config({
         "seed": s, "rounds": 1, "clients_per_round": 2, "device": "cpu",
         "data": {"name": "cifar10", "root": args.root, "num_clients": 100, "partition": {"kind": "iid"}},

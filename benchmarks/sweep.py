@@ -17,7 +17,7 @@ Measured, in this order, each on the same machine with nothing else running:
 4. ``fedsweep tune`` of the sweep (a fresh process, its own MLflow store and storage): wall time,
    fixed start-up (command start -> first trial's MLflow run created), per-trial overhead
    ((wall − start-up) × concurrency / trials − mean in-process trial time), and its seconds over
-   step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/trainable.py):
+   step 3's wall; and each Ray worker's timeline (``FEDSWEEP_TIMELINE``, fedsweep/sweep/trainable.py):
    when its first trial started, and the seconds its trials spent training (the first one's
    Lightning import included), drawing their artifacts (which the final report carries), in their
    final report (a checkpoint, then Tune's synchronous report: the wait for the driver), and
@@ -70,8 +70,8 @@ def in_process_trials(sweep_path: str, threads: int, share: tuple[int, int] = (0
     own (``--in-process-only``), so the code measured is the one on its path."""
     import torch
 
-    from fedsweep.run import train
-    from fedsweep.sweep import expand, load_sweep
+    from fedsweep.runs.run import train
+    from fedsweep.sweep.spec import expand, load_sweep
     torch.set_num_threads(threads)
     sweep = load_sweep(sweep_path)
     # on the device a trial of the sweep gets: the CPU unless the sweep gives its trials a GPU
@@ -163,7 +163,7 @@ def tune_wall(sweep_path: str, work: Path, pack, code: str | None = None) -> dic
 
 
 def worker_timelines(folder: Path, start: float) -> list[dict]:
-    """Each worker's phases (fedsweep/trainable.py ``_phase_marks``) summed over its trials. A baseline
+    """Each worker's phases (fedsweep/sweep/trainable.py ``_phase_marks``) summed over its trials. A baseline
     checkout older than the marks leaves none."""
     workers = []
     for path in sorted(folder.glob("*.txt")):
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
         ap.error("--repeat: at least 1")
     if args.baseline and not (Path(args.baseline) / "fedsweep" / "__init__.py").is_file():
         ap.error(f"--baseline {args.baseline}: not a fedsweep checkout (no fedsweep/__init__.py)")
-    from fedsweep.sweep import expand, load_sweep
+    from fedsweep.sweep.spec import expand, load_sweep
     sweep = load_sweep(args.sweep)
     trials = expand(sweep, source=args.sweep)
     cpus = os.cpu_count() or 1

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import get_args
 
-from fedsweep.config import ConfigError, ModelConfig
+from fedsweep.config.schema import ConfigError, ModelConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-# A trial's fedsweep.status values (fedsweep.tracking.MLFLOW_STATUS), in the end-of-sweep line.
+# A trial's fedsweep.status values (fedsweep.runs.tracking.MLFLOW_STATUS), in the end-of-sweep line.
 STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "incomplete", "interrupted", "running")
 
 
@@ -97,7 +97,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
     """The last lines of ``fedsweep tune``: the trials' outcomes, each failure's error once, the runs
     that ended without their summary (and why), where Ray's logs are kept if something went wrong,
     and what to run next."""
-    from fedsweep.tracking import ui_command
+    from fedsweep.runs.tracking import ui_command
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
     if result["unfinished"]:
         lines = [f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
@@ -119,7 +119,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
 
 def _dispatch(args) -> int:
     if args.command in ("run", "config"):
-        from fedsweep.config import load_config
+        from fedsweep.config.schema import load_config
         cfg = load_config(args.config, args.overrides)
         if args.command == "config":
             import yaml
@@ -127,7 +127,7 @@ def _dispatch(args) -> int:
             return 0
         if args.no_mlflow:
             cfg.mlflow.enabled = False
-        from fedsweep.run import run   # checks every option and output, then loads the data, then trains
+        from fedsweep.runs.run import run   # checks every option and output, then loads the data, then trains
         summary = run(cfg, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
         if summary["status"] == "interrupted":
@@ -137,7 +137,7 @@ def _dispatch(args) -> int:
             return 130
         return 0 if summary["status"] == "finished" else 3
     if args.command == "tune":
-        from fedsweep.tune import tune_sweep
+        from fedsweep.sweep.tune import tune_sweep
         result = tune_sweep(args.sweep, resume=args.resume, restart=args.restart, address=args.address,
                             dry_run=args.dry_run, storage=args.storage)
         if args.dry_run:
@@ -146,7 +146,7 @@ def _dispatch(args) -> int:
         return 1 if result["unfinished"] else 4 if result.get("failed") or result.get("incomplete") else 0
     if args.command == "report":
         from fedsweep.report import write_report
-        from fedsweep.sweep import check_report, expand, load_sweep, reference_method
+        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
         sweep = load_sweep(args.sweep)
         trials = expand(sweep, source=args.sweep)
         check_report(sweep, trials, source=args.sweep)
@@ -159,10 +159,10 @@ def _dispatch(args) -> int:
         print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
         return 0
     if args.command == "bench":
-        from fedsweep.bench import main as bench_main
+        from fedsweep.runs.bench import main as bench_main
         return bench_main(args)
     if args.command == "datasets":
-        from fedsweep.catalog import DATASETS
+        from fedsweep.config.catalog import DATASETS
         for name, text in DATASETS.items():
             print(f"{name:<14} {text}")
         return 0
@@ -170,7 +170,7 @@ def _dispatch(args) -> int:
         import textwrap
 
         from fedsweep.algorithms import available, get_algorithm_class
-        from fedsweep.registry import description
+        from fedsweep.config.registry import description
         for name in available():
             cls = get_algorithm_class(name)
             print(textwrap.fill(description(name), width=100, initial_indent=f"{name:<12} ",
@@ -186,12 +186,12 @@ def entry() -> None:
     run: by then every MLflow run is closed, Ray is shut down and the lock is released, and what is
     left is the interpreter tearing down the modules of Ray, MLflow and (then) torch, 1.7 s measured
     on 2 cores (of a 30 s sweep). ``main`` itself returns normally (tests call it in-process).
-    Every command but ``bench`` starts up without the cyclic garbage collector (fedsweep/startup.py):
+    Every command but ``bench`` starts up without the cyclic garbage collector (fedsweep/util/startup.py):
     ``run``, ``tune`` and ``report`` turn it back on once their imports are done; ``config``,
     ``algorithms`` and ``datasets`` end right after theirs. ``bench`` times training as a sweep's
     workers run it, collector on."""
     if len(sys.argv) > 1 and sys.argv[1] != "bench":
-        from fedsweep.startup import pause_collector
+        from fedsweep.util.startup import pause_collector
         pause_collector()
     code = main()
     if len(sys.argv) > 1 and sys.argv[1] == "tune":

@@ -34,8 +34,8 @@ def tiny_raw(**over) -> dict:
 
 def final(engine: str, over: dict):
     """(final flat model, metric history) of the tiny run ``tiny_raw(**over)`` on ``engine``."""
-    from fedsweep.config import build_config
-    from fedsweep.run import train
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
     m = train(build_config({**tiny_raw(**over), "engine": engine}), progress=False)
     return m.w.detach().clone(), m.history
 
@@ -43,8 +43,8 @@ def final(engine: str, over: dict):
 def engine_runs(over: dict, keys: tuple[str, ...] = ()):
     """Train ``tiny_raw(**over)`` on both engines; they must end at the same model and agree on the
     per-round metrics ``keys``. Returns the (loop, vectorized) modules for further checks."""
-    from fedsweep.config import build_config
-    from fedsweep.run import train
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
     loop, vec = (train(build_config({**tiny_raw(**over), "engine": e}), progress=False)
                  for e in ("loop", "vectorized"))
     torch.testing.assert_close(vec.w, loop.w, rtol=1e-4, atol=1e-5)
@@ -64,8 +64,8 @@ def resumed_run(raw: dict, tmp_path, stop: int):
     """Train ``raw`` uninterrupted, and again stopped after ``stop`` rounds and resumed from its
     checkpoint: both must end at the same model with the same metric history (wall time aside).
     Returns (uninterrupted, resumed, the checkpoint's fedsweep state)."""
-    from fedsweep.config import build_config
-    from fedsweep.run import train
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
     full = train(build_config(raw), progress=False)
     train(build_config(raw), progress=False, ckpt_dir=tmp_path, max_rounds=stop)
     ckpt = tmp_path / "last.ckpt"

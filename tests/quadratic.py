@@ -12,7 +12,7 @@ import torch
 from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import SetupContext
 from fedsweep.engine import ClientData, make_engine, probe_batches
-from fedsweep.heterogeneity import RoundPlan, client_tables, schedule_batches
+from fedsweep.sim.heterogeneity import RoundPlan, client_tables, schedule_batches
 
 DTYPE = torch.float64
 ENGINES = ["loop", "vectorized"]

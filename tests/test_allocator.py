@@ -7,7 +7,7 @@ import pytest
 PROBE = """
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from fedsweep.allocator import keep_freed_memory
+    from fedsweep.util.allocator import keep_freed_memory
     assert keep_freed_memory()
 x = torch.ones(10, 30_010)
 

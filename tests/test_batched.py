@@ -8,7 +8,7 @@ from torch.func import vmap
 from fedsweep.engine import batched
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.engine.loop import autograd_ops
-from fedsweep.models import MLP
+from fedsweep.sim.models import MLP
 
 
 class Deep(nn.Module):
@@ -83,7 +83,7 @@ def test_chain_gradient_reads_any_layout_of_w():
                                    rtol=1e-10, atol=1e-12)
 
 def test_only_linear_relu_flatten_chains_take_the_fast_path():
-    from fedsweep.models import CNN, LeNet5
+    from fedsweep.sim.models import CNN, LeNet5
     assert not batched.supports(FunctionalModel(CNN((1, 8, 8), 10)))
     assert not batched.supports(FunctionalModel(LeNet5((1, 8, 8), 10)))
     assert not batched.supports(FunctionalModel(nn.Sequential(nn.Linear(3, 2))))   # no chain()
@@ -94,8 +94,8 @@ def test_only_linear_relu_flatten_chains_take_the_fast_path():
 def test_vectorized_engine_same_with_and_without_fast_gradients(algorithm, monkeypatch):
     from conftest import tiny_raw
 
-    from fedsweep.config import build_config
-    from fedsweep.run import train
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
     cfg = build_config({**tiny_raw(algorithm=algorithm), "engine": "vectorized"})
     fast = train(cfg, progress=False)
     assert fast.engine.fast
@@ -123,9 +123,9 @@ def test_rowwise_steps_equal_vmapped_steps(name, monkeypatch):
     from conftest import tiny_raw
 
     from fedsweep.algorithms import get_algorithm_class
-    from fedsweep.config import build_config
+    from fedsweep.config.schema import build_config
     from fedsweep.engine import vectorized
-    from fedsweep.run import train
+    from fedsweep.runs.run import train
     cls = get_algorithm_class(name)
     raw = tiny_raw(algorithm={"name": name, **ALGORITHM_PARAMS.get(name, {})})
     if cls.needs_server_data:
@@ -173,8 +173,8 @@ def test_a_rowwise_client_final_that_returns_no_row_per_client_is_named():
 
     from fedsweep.algorithms import register
     from fedsweep.algorithms.base import Algorithm
-    from fedsweep.config import build_config
-    from fedsweep.run import train
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
 
     @register
     class ShapeCheckAlgo(Algorithm):
@@ -191,5 +191,5 @@ def test_a_rowwise_client_final_that_returns_no_row_per_client_is_named():
         ShapeCheckAlgo.rowwise = False            # under vmap the same code runs
         assert train(cfg, progress=False).rounds_done == cfg.rounds
     finally:
-        from fedsweep import registry
+        from fedsweep.config import registry
         registry._REGISTRY.pop("shape_check_algo", None)

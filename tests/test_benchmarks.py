@@ -31,12 +31,12 @@ def test_pack_benchmark(tmp_path):
 
 
 def test_worker_timelines_and_their_plot(tmp_path, monkeypatch):
-    """The marks a trial writes (fedsweep.trainable, as in a sweep's worker) are read back phase by
+    """The marks a trial writes (fedsweep.sweep.trainable, as in a sweep's worker) are read back phase by
     phase and drawn, one lane a worker and sweep."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import sweep as bench
 
-    from fedsweep.trainable import _phase_marks
+    from fedsweep.sweep.trainable import _phase_marks
     folder = tmp_path / "timeline"
     folder.mkdir()
     monkeypatch.setenv("FEDSWEEP_TIMELINE", str(folder))

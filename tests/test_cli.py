@@ -152,10 +152,10 @@ def test_engine_auto_picks_by_model_and_device(capsys):
     everything else vectorized; an explicit engine is kept."""
     import torch
 
-    from fedsweep.config import ModelConfig, build_config
+    from fedsweep.config.schema import ModelConfig, build_config
     from fedsweep.engine import choose_engine
-    from fedsweep.models import build_model
-    from fedsweep.run import train
+    from fedsweep.sim.models import build_model
+    from fedsweep.runs.run import train
     mlp, cnn = (build_model(ModelConfig(name=n), (1, 8, 8), 10) for n in ("mlp", "cnn"))
     assert choose_engine("auto", mlp, "cpu") == "vectorized" and choose_engine("auto", cnn, "cpu") == "loop"
     assert choose_engine("auto", cnn, torch.device("cuda")) == "vectorized"

@@ -9,7 +9,7 @@ import yaml
 
 from fedsweep.algorithms import available, get_algorithm_class
 from fedsweep.cli import main
-from fedsweep.config import ConfigError, build_config
+from fedsweep.config.schema import ConfigError, build_config
 from conftest import tiny_raw
 
 
@@ -88,21 +88,21 @@ def test_overrides_do_not_leak_into_the_callers_dict_or_the_next_build():
 
 # ---- layering: errors <- registry <- config; algorithms imported lazily -------------------------
 
-@pytest.mark.parametrize("module", ["fedsweep.config", "fedsweep.algorithms", "fedsweep.registry",
-                                    "fedsweep.algorithms.fedlga", "fedsweep.heterogeneity"])
+@pytest.mark.parametrize("module", ["fedsweep.config.schema", "fedsweep.algorithms", "fedsweep.config.registry",
+                                    "fedsweep.algorithms.fedlga", "fedsweep.sim.heterogeneity"])
 def test_modules_import_alone_without_a_cycle(module):
     code = (f"import sys, {module}; "
             "loaded = sorted(m for m in sys.modules if m.startswith('fedsweep.algorithms.')); print(loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    if module in ("fedsweep.config", "fedsweep.algorithms", "fedsweep.registry"):
+    if module in ("fedsweep.config.schema", "fedsweep.algorithms", "fedsweep.config.registry"):
         assert out.strip() == "[]"   # the algorithm modules load on the first lookup, not at import
 
 
 def test_config_error_and_registry_have_one_home():
     import fedsweep.algorithms as algorithms
-    import fedsweep.config as config
-    import fedsweep.errors as errors
-    import fedsweep.registry as registry
+    import fedsweep.config.schema as config
+    import fedsweep.util.errors as errors
+    import fedsweep.config.registry as registry
     assert config.ConfigError is errors.ConfigError is registry.ConfigError
     assert algorithms.get_algorithm_class is registry.get_algorithm_class
     assert algorithms.register is registry.register and algorithms.available is registry.available
@@ -159,7 +159,7 @@ def test_scheduler_metrics_the_trials_report_pass_the_dry_run(tmp_path, capsys, 
 
 
 def test_sweep_seeds_and_base_are_not_shared_between_trials(tmp_path):
-    from fedsweep.sweep import expand, load_sweep
+    from fedsweep.sweep.spec import expand, load_sweep
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({**SWEEP, "name": "s", "seeds": None,
                                     "grid": {"heterogeneity.kind": ["uniform", "stragglers"]}}))

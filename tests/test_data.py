@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import ConfigError, DataConfig, PartitionConfig, SyntheticConfig
+from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig, SyntheticConfig
 from fedsweep.data import FederatedData, load_federated
 from fedsweep.data.sources import TORCHVISION, check_files, digits_arrays
 from conftest import write_mnist
@@ -108,16 +108,16 @@ def test_mnist_5k_is_real_mnist_with_one_stratified_split_for_every_seed():
 
 def _mnist_5k_test_mask():
     from fedsweep.data.sources import mnist_5k_arrays, stratified_holdout
-    from fedsweep.rng import np_rng
+    from fedsweep.sim.rng import np_rng
     return stratified_holdout(mnist_5k_arrays()[1], 0.2, np_rng(0, -1, "mnist_5k_test_split"))
 
 
 def test_mnist_5k_trains_every_model_and_is_checked_before_ray():
     """Each model adapts to its 1x28x28 input (the MLP has 784 inputs), and a split it cannot make
     is refused by the sweep's driver before Ray, as for digits."""
-    from fedsweep.config import build_config
-    from fedsweep.run import train
-    from fedsweep.sweep import Trial, check_data
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
+    from fedsweep.sweep.spec import Trial, check_data
     from conftest import tiny_raw
     data = {"name": "mnist_5k", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
     for model in ({"name": "mlp", "hidden": 16}, {"name": "lenet5"}, {"name": "cnn"}):
@@ -298,7 +298,7 @@ def test_too_few_samples_for_clients_names_num_clients():
 
 
 def test_train_size_takes_a_seeded_subset_before_the_server_pool_and_partition():
-    from fedsweep.config import ConfigError, DataConfig, ServerDataConfig
+    from fedsweep.config.schema import ConfigError, DataConfig, ServerDataConfig
     from fedsweep.data import load_federated
     cfg = DataConfig(name="digits", num_clients=10, train_size=300, partition={"kind": "shards", "shard_size": 15})
     a, b = load_federated(cfg, seed=1), load_federated(cfg, seed=1)

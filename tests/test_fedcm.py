@@ -3,9 +3,9 @@ state, resume and engine agreement on real data."""
 import pytest
 import torch
 
-from fedsweep.config import build_config
-from fedsweep.heterogeneity import RoundPlan
-from fedsweep.run import train
+from fedsweep.config.schema import build_config
+from fedsweep.sim.heterogeneity import RoundPlan
+from fedsweep.runs.run import train
 from conftest import engine_runs, resumed_run, tiny_raw
 from quadratic import ENGINES, POINTS, close, make_algorithm, one_round, t
 

@@ -4,7 +4,7 @@ import torch
 
 from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import SetupContext
-from fedsweep.heterogeneity import RoundPlan
+from fedsweep.sim.heterogeneity import RoundPlan
 from quadratic import ENGINES, POINTS, SIZES, close, make_algorithm, one_round, t
 
 
@@ -171,7 +171,7 @@ def test_readings_in_both_engines_by_hand(engine, reading, source, d2):
 
 @pytest.mark.parametrize("value", ["-1", "big", "inf"])
 def test_damping_is_a_number_or_step_in_one_line(value):
-    from fedsweep.config import ConfigError, build_config
+    from fedsweep.config.schema import ConfigError, build_config
     from conftest import tiny_raw
     with pytest.raises(ConfigError) as e:
         build_config(tiny_raw(algorithm={"name": "fedlga"}), [f"algorithm.damping={value}"])

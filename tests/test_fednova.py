@@ -4,7 +4,7 @@ import torch
 
 from conftest import assert_engines_agree, final
 from fedsweep.algorithms.fednova import normalizer_recursion
-from fedsweep.heterogeneity import RoundPlan
+from fedsweep.sim.heterogeneity import RoundPlan
 from quadratic import DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 
 W0 = torch.tensor([1.0, 1.0], dtype=DTYPE)                           # w^t

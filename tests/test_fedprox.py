@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import assert_engines_agree, tiny_raw
-from fedsweep.config import build_config
+from fedsweep.config.schema import build_config
 from quadratic import DTYPE, ENGINES, POINTS, SIZES, make_algorithm, one_round
 
 W0 = torch.tensor([1.0, 1.0], dtype=DTYPE)                           # w^t
@@ -52,7 +52,7 @@ def test_dropped_client_counts_for_nothing(engine):
 
 
 def test_communication_and_compute():
-    from fedsweep.heterogeneity import RoundPlan
+    from fedsweep.sim.heterogeneity import RoundPlan
     algo = make_algorithm("fedprox", 3, 2, SIZES, mu=0.5)
     work = torch.tensor([3, 0, 2])
     plan = RoundPlan(0, torch.arange(3), work, work.clone(), torch.tensor(SIZES), work == 0, 3, 0.5)
@@ -61,7 +61,7 @@ def test_communication_and_compute():
 
 
 def test_mu_is_validated():
-    from fedsweep.config import ConfigError
+    from fedsweep.config.schema import ConfigError
     with pytest.raises(ConfigError, match="mu"):
         build_config(tiny_raw(algorithm={"name": "fedprox", "mu": -1}))
     with pytest.raises(ConfigError, match="momentum"):

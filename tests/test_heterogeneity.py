@@ -1,8 +1,8 @@
 """The round plan: straggler counts, step ranges, profiles, and the batch schedule."""
 import torch
 
-from fedsweep.config import build_config
-from fedsweep.heterogeneity import Planner, RoundPlan, client_tables, schedule_batches
+from fedsweep.config.schema import build_config
+from fedsweep.sim.heterogeneity import Planner, RoundPlan, client_tables, schedule_batches
 
 
 def planner(**het):

@@ -60,7 +60,7 @@ def test_server_only_and_scaffold_plus(engine):
 
 
 def test_communication_accounting():
-    from fedsweep.heterogeneity import RoundPlan
+    from fedsweep.sim.heterogeneity import RoundPlan
     k = torch.tensor([2, 1, 2])
     plan = RoundPlan(0, torch.arange(3), k, k, torch.tensor([2, 1, 3]), torch.zeros(3, dtype=torch.bool), 2, 0.5)
     assert make_algorithm("fedclg_c", 3, 2, [2, 1, 3]).communication(plan) == (3, 6)    # + g_s down
@@ -72,8 +72,8 @@ def test_communication_accounting():
 
 from conftest import engine_runs, resumed_run, tiny_raw  # noqa: E402
 
-from fedsweep.config import ConfigError, build_config  # noqa: E402
-from fedsweep.run import train  # noqa: E402
+from fedsweep.config.schema import ConfigError, build_config  # noqa: E402
+from fedsweep.runs.run import train  # noqa: E402
 
 SERVER_DATA = {"fraction": 0.05, "steps": 2, "lr": 0.1, "batch_size": 16}
 

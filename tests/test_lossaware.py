@@ -123,7 +123,7 @@ def test_huge_losses_neither_overflow_nor_nan():
 
 
 def test_params_are_validated():
-    from fedsweep.config import ConfigError, build_config
+    from fedsweep.config.schema import ConfigError, build_config
     from conftest import tiny_raw
     with pytest.raises(ConfigError, match="temperature"):
         build_config(tiny_raw(algorithm={"name": "fedsoftmax", "temperature": 0}))
@@ -139,8 +139,8 @@ def test_params_are_validated():
 
 from conftest import engine_runs, resumed_run, tiny_raw  # noqa: E402
 
-from fedsweep.config import build_config  # noqa: E402
-from fedsweep.run import stability, train  # noqa: E402
+from fedsweep.config.schema import build_config  # noqa: E402
+from fedsweep.runs.run import stability, train  # noqa: E402
 
 SOFTMAX = {"name": "fedsoftmax", "temperature": 0.5, "weighting": "data", "optimal_loss": "running_min"}
 
@@ -178,7 +178,7 @@ def test_resume_keeps_running_min_and_client_log(tmp_path):
 def test_clients_csv_artifact(tmp_path, tmp_mlflow):
     import csv
 
-    from fedsweep.run import write_artifacts
+    from fedsweep.runs.run import write_artifacts
     m = train(build_config(tiny_raw(algorithm=SOFTMAX)), progress=False)
     write_artifacts(build_config(tiny_raw(algorithm=SOFTMAX)), m, {}, tmp_path)
     rows = list(csv.DictReader(open(tmp_path / "clients.csv")))

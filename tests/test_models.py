@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from fedsweep.config import ConfigError, ModelConfig
-from fedsweep.models import MODELS, build_model, param_count
+from fedsweep.config.schema import ConfigError, ModelConfig
+from fedsweep.sim.models import MODELS, build_model, param_count
 
 IMAGES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 CONV = [m for m in MODELS if m != "mlp"]

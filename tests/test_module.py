@@ -5,14 +5,14 @@ import signal
 import pytest
 import torch
 
-from fedsweep.config import build_config
-from fedsweep.run import summarize, train
+from fedsweep.config.schema import build_config
+from fedsweep.runs.run import summarize, train
 from conftest import resumed_run, tiny_raw
 
 
 def test_smoke_one_round_changes_model_and_logs_metrics():
     cfg = build_config(tiny_raw(rounds=1))
-    from fedsweep.module import FederatedModule
+    from fedsweep.runs.module import FederatedModule
     w0 = FederatedModule(cfg).w.detach().clone()
     m = train(cfg, progress=False)
     assert not torch.allclose(m.w.detach(), w0)
@@ -128,7 +128,7 @@ def test_divergence_stops_and_is_reported():
 def test_a_round_that_leaves_the_model_non_finite_is_divergence(bad):
     """The clients' loss can be finite while the server step overflows the model: the model itself
     is checked, every value of it (one bad entry among n), and a finite model is not divergence."""
-    from fedsweep.module import FederatedModule
+    from fedsweep.runs.module import FederatedModule
     m = FederatedModule(build_config(tiny_raw(rounds=5, eval={"every": 100})))
     with torch.no_grad():
         m.w.fill_(3e38)                     # large but finite: 0·w still sums to 0
@@ -141,7 +141,7 @@ def test_a_round_that_leaves_the_model_non_finite_is_divergence(bad):
 def test_validate_evaluates_a_checkpoint(tmp_path):
     import lightning as L
 
-    from fedsweep.module import FederatedModule
+    from fedsweep.runs.module import FederatedModule
     cfg = build_config(tiny_raw(rounds=2))
     trained = train(cfg, progress=False, ckpt_dir=tmp_path)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)

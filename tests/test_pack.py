@@ -1,4 +1,4 @@
-"""Packed trials (fedsweep/pack.py): each member ends exactly where its unpacked run ends."""
+"""Packed trials (fedsweep/sweep/pack.py): each member ends exactly where its unpacked run ends."""
 from __future__ import annotations
 
 import math
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import tiny_raw, write_mnist
-from fedsweep.config import ConfigError, build_config
-from fedsweep.pack import PackedModule, train_packed
-from fedsweep.sweep import pack_key
-from fedsweep.registry import available, get_algorithm_class
-from fedsweep.run import train
+from fedsweep.config.schema import ConfigError, build_config
+from fedsweep.sweep.pack import PackedModule, train_packed
+from fedsweep.sweep.spec import pack_key
+from fedsweep.config.registry import available, get_algorithm_class
+from fedsweep.runs.run import train
 
 
 def strip(history):

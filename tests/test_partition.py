@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fedsweep.config import ConfigError, PartitionConfig
+from fedsweep.config.schema import ConfigError, PartitionConfig
 from fedsweep.data import partition
 
 # Unequal class sizes on purpose (3000 samples, 10 classes), drawn once from a fixed test generator.

@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedsweep.plots import curves_png
+from fedsweep.runs.plots import curves_png
 
 
 def _history(rounds: int, scale: float) -> list[dict]:
@@ -21,7 +21,7 @@ def test_a_refilled_figure_draws_what_a_new_one_draws(tmp_path: Path):
     subprocess.run([sys.executable, "-c", f"""
 from pathlib import Path
 from tests.test_plots import _history
-from fedsweep.plots import curves_png
+from fedsweep.runs.plots import curves_png
 curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}))
 """], check=True, cwd=Path(__file__).parent.parent)
     assert (tmp_path / "short.png").read_bytes() == (tmp_path / "fresh.png").read_bytes()
@@ -44,7 +44,7 @@ def test_a_plot_over_the_kept_background_is_a_full_draw_pixel_for_pixel(tmp_path
     # Same rounds (so the kept background is reused), other losses, accuracies and title: the y
     # axes, curves, legend and title drawn over it must be exactly what matplotlib's full draw of
     # that figure gives.
-    import fedsweep.plots as plots
+    import fedsweep.runs.plots as plots
     curves_png(_history(100, 9.0), tmp_path / "first.png", title="fedavg on digits")
     key = plots._curves.background_key
     second = _history(100, 0.02)

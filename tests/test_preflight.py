@@ -13,9 +13,9 @@ import torch
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.config import ConfigError
-from fedsweep.paths import check_writable_dir, check_writable_file
-from fedsweep.tracking import check_store
+from fedsweep.config.schema import ConfigError
+from fedsweep.runs.paths import check_writable_dir, check_writable_file
+from fedsweep.runs.tracking import check_store
 from conftest import tiny_raw
 
 

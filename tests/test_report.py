@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fedsweep.config import ConfigError
+from fedsweep.config.schema import ConfigError
 from fedsweep.report import (best_configs, config_table, load_trials, rounds_to_target_png, selection_rule,
                              write_report)
 

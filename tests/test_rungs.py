@@ -1,4 +1,4 @@
-"""With a scheduler a trial reports where ASHA decides (fedsweep.trainable.Rungs), not at every
+"""With a scheduler a trial reports where ASHA decides (fedsweep.sweep.trainable.Rungs), not at every
 evaluation: the decisions must be the ones reporting at every evaluation gets, from Ray's own ASHA."""
 import random
 from types import SimpleNamespace
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from fedsweep.trainable import Rungs
-from fedsweep.tune import asha_rungs
+from fedsweep.sweep.trainable import Rungs
+from fedsweep.sweep.tune import asha_rungs
 
 
 def asha(grace, rf, max_t):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.locks import SweepLock, _processes, end_leftovers, leftovers
+from fedsweep.util.locks import SweepLock, _processes, end_leftovers, leftovers
 from test_tune import TINY, trial_runs, write_sweep
 
 pytestmark = pytest.mark.usefixtures("fresh_home")
@@ -75,9 +75,9 @@ def test_what_a_killed_driver_left_of_a_new_sweep_folder_is_its_own(tmp_path):
     """A driver killed between making the sweep's folder and writing into it leaves it empty: the next
     start uses it as it is. Once the state file is there (it is written first), the folder is
     fedsweep's: `--restart` deletes it even without the trials file. Anything else stays refused."""
-    from fedsweep.config import ConfigError
-    from fedsweep.storage import STATE_FILE, Storage
-    from fedsweep.tune import _discard
+    from fedsweep.config.schema import ConfigError
+    from fedsweep.sweep.storage import STATE_FILE, Storage
+    from fedsweep.sweep.tune import _discard
     empty = tmp_path / "empty"
     empty.mkdir()
     _discard(Storage(empty))
@@ -202,7 +202,7 @@ def test_a_local_ray_session_ends_every_process_it_started():
     import ray
     import ray._private.worker as worker
 
-    from fedsweep.cluster import ray_session
+    from fedsweep.sweep.cluster import ray_session
     mine = subprocess.Popen(["sleep", "300"])
     try:
         with ray_session(num_cpus=1) as session:

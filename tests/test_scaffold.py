@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import engine_runs, resumed_run, tiny_raw
-from fedsweep.config import build_config
-from fedsweep.heterogeneity import RoundPlan
-from fedsweep.run import train
+from fedsweep.config.schema import build_config
+from fedsweep.sim.heterogeneity import RoundPlan
+from fedsweep.runs.run import train
 from quadratic import ENGINES, POINTS, close, make_algorithm, one_round, t
 
 # Client means m_0 = (2, 0), m_1 = (0, 4), m_2 = (−2, −1); the gradient of client i is w − m_i.

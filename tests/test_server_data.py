@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import ConfigError, DataConfig, PartitionConfig, ServerDataConfig, SyntheticConfig
+from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig, ServerDataConfig, SyntheticConfig
 from fedsweep.data import load_federated
 from fedsweep.data.server import cosine, pool_size, round_server_indices, server_size, split_pool
 

@@ -1,4 +1,4 @@
-"""fedsweep/startup.py: start-up without the cyclic collector, frozen after, once per process; each
+"""fedsweep/util/startup.py: start-up without the cyclic collector, frozen after, once per process; each
 case in a fresh interpreter (freezing the test process's objects would outlive the test)."""
 import subprocess
 import sys
@@ -19,7 +19,7 @@ def python(code: str, *args: str) -> str:
 def test_paused_then_frozen_once_per_process():
     out = python("""
         import gc
-        from fedsweep.startup import end_startup, pause_collector, startup_imports
+        from fedsweep.util.startup import end_startup, pause_collector, startup_imports
         pause_collector()
         print(gc.isenabled())
         import json, decimal                      # what start-up makes
@@ -36,7 +36,7 @@ def test_paused_then_frozen_once_per_process():
 def test_a_collector_turned_off_elsewhere_is_left_off_and_nothing_is_frozen():
     out = python("""
         import gc
-        from fedsweep.startup import end_startup, pause_collector
+        from fedsweep.util.startup import end_startup, pause_collector
         end_startup()                             # never paused here: nothing to do
         print(gc.isenabled(), gc.get_freeze_count())
         gc.disable()                              # the process's own choice
@@ -50,7 +50,7 @@ def test_a_collector_turned_off_elsewhere_is_left_off_and_nothing_is_frozen():
 def test_an_import_error_still_ends_start_up():
     out = python("""
         import gc
-        from fedsweep.startup import startup_imports
+        from fedsweep.util.startup import startup_imports
         try:
             with startup_imports():
                 import fedsweep_no_such_module    # noqa: F401
@@ -68,16 +68,16 @@ def test_fedsweep_run_trains_with_the_collector_on_and_its_imports_frozen(tmp_pa
     cfg.write_text(yaml.safe_dump(tiny_raw(rounds=2)))
     out = python("""
         import gc, sys
-        import fedsweep.run
+        import fedsweep.runs.run
         seen = []
-        train = fedsweep.run.train
+        train = fedsweep.runs.run.train
         def spying_train(cfg, **kw):
             import lightning as L
             class Spy(L.Callback):
                 def on_train_batch_start(self, *a):
                     seen.append((gc.isenabled(), gc.get_freeze_count() > 100_000))
             return train(cfg, **kw, callbacks=[Spy()])
-        fedsweep.run.train = spying_train
+        fedsweep.runs.run.train = spying_train
         from fedsweep.cli import entry
         sys.argv = ["fedsweep", "run", sys.argv[1], "--no-mlflow", "--quiet"]
         try:

@@ -1,4 +1,4 @@
-"""A sweep's storage (fedsweep.storage): a folder, and an S3 bucket of a real S3-compatible server
+"""A sweep's storage (fedsweep.sweep.storage): a folder, and an S3 bucket of a real S3-compatible server
 (moto's, on loopback) through pyarrow, as a cluster without a shared disk would use one."""
 import os
 import shutil
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fedsweep.cli import main
-from fedsweep.config import ConfigError
-from fedsweep.storage import Storage
+from fedsweep.config.schema import ConfigError
+from fedsweep.sweep.storage import Storage
 from raycluster import end_session, free_port
 from test_tune import TINY, trial_runs, write_sweep
 
@@ -136,7 +136,7 @@ def test_a_sweep_in_an_s3_bucket_resumes_from_its_checkpoints_there(s3, tmp_path
     state = Storage(s3).child("b")
     assert '"finished": true' in state.read_text("fedsweep_sweep.json")
     old = {i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/b", recursive=True))}
-    from fedsweep.tune import _discard
+    from fedsweep.sweep.tune import _discard
     _discard(state)                                              # what a new run of a finished sweep does first
     assert not fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/b", recursive=True, allow_not_found=True))
     assert any(p.endswith(".ckpt") for p in old)

@@ -17,8 +17,8 @@ import yaml
 from mlflow.artifacts import download_artifacts
 
 from fedsweep.cli import main
-from fedsweep.locks import _processes, store_lock
-from fedsweep.sweep import expand, load_sweep
+from fedsweep.util.locks import _processes, store_lock
+from fedsweep.sweep.spec import expand, load_sweep
 from conftest import write_mnist
 
 pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
@@ -190,8 +190,8 @@ def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
 
 def test_what_changed_since_a_sweep_started(tmp_path):
     """What `--resume` compares: the saved trials against those the sweep file gives now."""
-    from fedsweep.sweep import pack_units
-    from fedsweep.tune import _changed_since_start, _trial_payload
+    from fedsweep.sweep.spec import pack_units
+    from fedsweep.sweep.tune import _changed_since_start, _trial_payload
 
     def state(**over):
         sweep = load_sweep(write_sweep(tmp_path / "c.yaml", "c", **over))
@@ -212,7 +212,7 @@ def test_what_changed_since_a_sweep_started(tmp_path):
 
 
 def test_durations_read_as_people_say_them():
-    from fedsweep.run import duration
+    from fedsweep.runs.run import duration
     assert [duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \
         ["0 s", "59 s", "1 min 01 s", "59 min 59 s", "1 h 00 min", "2 h 07 min"]
 
@@ -319,10 +319,10 @@ def _driver_writer(tmp_path):
     from mlflow import MlflowClient
     from ray.tune.experiment import Trial
 
-    from fedsweep.storage import Storage
-    from fedsweep.tracking import experiment_id
-    from fedsweep.tune import _trial_payload
-    from fedsweep.tune_callbacks import make_mlflow_callback
+    from fedsweep.sweep.storage import Storage
+    from fedsweep.runs.tracking import experiment_id
+    from fedsweep.sweep.tune import _trial_payload
+    from fedsweep.sweep.callbacks import make_mlflow_callback
     sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
     trials = expand(sweep)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -344,7 +344,7 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
 
     from ray import cloudpickle
 
-    from fedsweep.config import RunConfig
+    from fedsweep.config.schema import RunConfig
     client, writer, payloads, trial = _driver_writer(tmp_path)
     restored = cloudpickle.loads(cloudpickle.dumps(writer))      # as Tune restores it on --resume
     writer.on_trial_start(0, [trial], trial)
@@ -413,14 +413,14 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     from ray.tune.experiment import Trial
 
     from fedsweep.cli import sweep_outcome
-    from fedsweep.tune import _outcomes
+    from fedsweep.sweep.tune import _outcomes
     client, writer, payloads, missing = _driver_writer(tmp_path)
     done, stopped = (Trial("run_unit", config={"trial": i}, trial_id=f"t{i}", stub=True) for i in (0, 2))
     rows = [{"round": r, "train/loss": 1.0, "round/seconds": 0.1, "comm/up_models": 4.0, "comm/down_models": 4.0,
              "compute/grad_evals": 16.0, **({"test/accuracy": 0.2 * r, "test/loss": 1.0} if r % 2 == 0 else {})}
             for r in (1, 2, 3, 4)]
-    from fedsweep.config import RunConfig
-    from fedsweep.run import summarize, summary_json
+    from fedsweep.config.schema import RunConfig
+    from fedsweep.runs.run import summarize, summary_json
     summary = summary_json(summarize(RunConfig(**payloads[0]["run"]), rows)).encode()
     for trial, final in ((done, {"status": "finished", "artifacts": {"summary.json": summary}}),
                          (missing, {"status": "finished"}), (stopped, {})):
@@ -463,8 +463,8 @@ def test_metric_batches_keep_rounds_whole_and_the_summary_last():
     calls, the summary (sent with the status tags) in the last."""
     from mlflow.entities import Metric
 
-    from fedsweep.tracking import metrics_of
-    from fedsweep.tune_callbacks import metric_batches
+    from fedsweep.runs.tracking import metrics_of
+    from fedsweep.sweep.callbacks import metric_batches
     rows = metrics_of([{"round": r, "train/loss": 1.0, "test/accuracy": 0.5, "round/seconds": 0.1}
                        for r in range(1, 401)], 0)                       # 3 a round, 1200 in all
     summary = [Metric(f"summary/{i}", 1.0, 0, 0) for i in range(5)]
@@ -488,7 +488,7 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
     every trial of the sweep, not only this invocation's."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Long enough trials that both are still open 3 s after they start (their imports take ~2 s of
-    # it since fedsweep/startup.py; with 400 rounds both had sometimes finished by then).
+    # it since fedsweep/util/startup.py; with 400 rounds both had sometimes finished by then).
     path = write_sweep(tmp_path / "i.yaml", "i", methods={"fedavg": {}}, seeds=[0, 1], max_concurrent=2,
                        grid={"local.lr": [0.05, 0.1]}, base={**TINY["base"], "rounds": 3000, "eval": {"every": 300}})
     proc = start_sweep(path, tmp_path, uri)
@@ -538,7 +538,7 @@ def test_restart_closes_the_runs_a_killed_sweep_left_open(tmp_path, monkeypatch,
     """`--restart` of a sweep whose driver was killed: the old sweep's runs that MLflow still shows
     RUNNING end KILLED (tagged interrupted, as after Ctrl-C) and its parent run KILLED; finished runs
     stay as they are; the new sweep runs as usual."""
-    from fedsweep.tune import STATE_FILE
+    from fedsweep.sweep.tune import STATE_FILE
     uri, path, client, exp = _sweep_and_store(tmp_path, monkeypatch, "z")
     old = client.create_run(exp, tags={"fedsweep.role": "sweep", "fedsweep.sweep": "z"}).info.run_id
     child = {s: client.create_run(exp, tags={"mlflow.parentRunId": old, "fedsweep.role": "trial",
@@ -574,7 +574,7 @@ def test_restart_closes_the_parent_of_a_sweep_killed_while_it_was_set_up(tmp_pat
     `--restart` to it; `--resume` says the sweep never got as far as its trials (or, while a driver
     holds the sweep's lock, that it is running). A parent of another sweep of the same name
     (another --storage: another lock, another sweep id) is not touched."""
-    from fedsweep.tune import STATE_FILE
+    from fedsweep.sweep.tune import STATE_FILE
     uri, path, client, exp = _sweep_and_store(tmp_path, monkeypatch, "k")
     tags = {"fedsweep.role": "sweep", "fedsweep.sweep": "k"}
     orphan = client.create_run(exp, tags={**tags, "fedsweep.sweep_id": "a" * 32}).info.run_id
@@ -583,7 +583,7 @@ def test_restart_closes_the_parent_of_a_sweep_killed_while_it_was_set_up(tmp_pat
     exp_dir.mkdir(parents=True)
     (exp_dir / STATE_FILE).write_text(json.dumps({"sweep_id": "a" * 32, "parent_run_id": None, "tracking_uri": uri,
                                                  "experiment": "k", "finished": False}))
-    from fedsweep.locks import SweepLock
+    from fedsweep.util.locks import SweepLock
     with SweepLock(tmp_path / "fedsweep_runs" / "k.lock", "k") as setting_up:   # a driver still at it
         setting_up.acquire()
         assert main(["tune", path, "--resume"]) == 2
@@ -641,7 +641,7 @@ def test_a_sweep_that_ended_well_leaves_no_ray_session_folder(tmp_path, monkeypa
     """Ray keeps every session's folder (logs, sockets, staging copies; ~5 MB a sweep) in /tmp until
     the machine restarts, and /tmp is memory on many systems: a local instance's folder goes with a
     sweep whose trials all ended well (a failed trial's keeps it: the crash test below)."""
-    from fedsweep.tune import tune_sweep
+    from fedsweep.sweep.tune import tune_sweep
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     path = write_sweep(tmp_path / "s.yaml", "s", methods={"fedavg": {}}, grid={"local.lr": [0.1]})
@@ -742,7 +742,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
 def test_shipped_sweeps_validate(path):
     """Every sweep in sweeps/ expands into valid trials and has valid report keys (what tune checks first)."""
-    from fedsweep.sweep import check_data, check_report
+    from fedsweep.sweep.spec import check_data, check_report
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
     check_report(sweep, trials, source=path)

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from fedsweep.config import build_config
-from fedsweep.registry import get_algorithm_class
-from fedsweep.run import train
+from fedsweep.config.schema import build_config
+from fedsweep.config.registry import get_algorithm_class
+from fedsweep.runs.run import train
 
 BASE = {"seed": 0, "rounds": 30, "clients_per_round": 8, "device": "cpu",
         "data": {"num_clients": 40, "partition": {"kind": "classes", "classes_per_client": 2}},

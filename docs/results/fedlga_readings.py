@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.report import load_trials
-from fedsweep.sweep import load_sweep
-from fedsweep.tracking import resolve_tracking_uri
+from fedsweep.sweep.spec import load_sweep
+from fedsweep.runs.tracking import resolve_tracking_uri
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
 CELL = ["data.partition.kind", "heterogeneity.rho"]
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     trials = load_trials(uri, sweep.mlflow.experiment or sweep.name, sweep.name)
     rounds = int(sweep.base["rounds"])
     scored = trials["status"].isin(["finished", "diverged"]).sum()
-    from fedsweep.sweep import expand
+    from fedsweep.sweep.spec import expand
     plan = expand(sweep, source=str(path))
     expected = len(plan)
     trials = fill_constant_columns(trials, plan)

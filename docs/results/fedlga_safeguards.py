@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.report import load_trials
-from fedsweep.sweep import expand, load_sweep
-from fedsweep.tracking import resolve_tracking_uri
+from fedsweep.sweep.spec import expand, load_sweep
+from fedsweep.runs.tracking import resolve_tracking_uri
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_safeguards.yaml"
 CELL = ["data.name", "data.partition.kind", "heterogeneity.rho"]

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fedsweep.heterogeneity import RoundPlan
-from fedsweep.lazy import torch
+from fedsweep.sim.heterogeneity import RoundPlan
+from fedsweep.util.lazy import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

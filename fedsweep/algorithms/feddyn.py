@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
-from fedsweep.lazy import torch
+from fedsweep.util.lazy import torch
 
 
 class FedDynParams(BaseModel):

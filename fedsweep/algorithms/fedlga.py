@@ -67,7 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
-from fedsweep.lazy import torch
+from fedsweep.util.lazy import torch
 
 
 class FedLGAParams(BaseModel):

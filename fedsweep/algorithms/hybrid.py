@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm, NoParams
 from fedsweep.algorithms.scaffold import Scaffold
-from fedsweep.lazy import torch
+from fedsweep.util.lazy import torch
 
 
 class GradientBatchParams(BaseModel):

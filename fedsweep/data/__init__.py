@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsweep.config import ConfigError, DataConfig, ServerDataConfig
+from fedsweep.config.schema import ConfigError, DataConfig, ServerDataConfig
 from fedsweep.data.partition import describe_partition, partition
 from fedsweep.data.server import server_size, split_pool
 from fedsweep.data.sources import DATASETS, Source, load_source
-from fedsweep.lazy import torch
-from fedsweep.rng import np_rng
+from fedsweep.util.lazy import torch
+from fedsweep.sim.rng import np_rng
 
 __all__ = ["DATASETS", "FederatedData", "Split", "load_federated", "partition", "split_federated"]
 

@@ -4,7 +4,7 @@ Every scheme is a pure function of ``(labels, N, cfg, seed)``: it draws only fro
 ``np_rng(seed, -1, "partition")``, never from a global RNG. Every scheme gives every client at least
 one sample and puts every sample on exactly one client: none drops data. A request that cannot be met
 (more clients than samples, P larger than the number of classes, ...) raises
-:class:`~fedsweep.config.ConfigError` naming the config key.
+:class:`~fedsweep.config.schema.ConfigError` naming the config key.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from fedsweep.config import ConfigError, PartitionConfig
-from fedsweep.rng import np_rng
+from fedsweep.config.schema import ConfigError, PartitionConfig
+from fedsweep.sim.rng import np_rng
 
 Scheme = Callable[[np.ndarray, int, PartitionConfig, np.random.Generator], list[np.ndarray]]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsweep.config import ConfigError, ServerDataConfig
-from fedsweep.rng import np_rng
+from fedsweep.config.schema import ConfigError, ServerDataConfig
+from fedsweep.sim.rng import np_rng
 
 __all__ = ["server_size", "pool_size", "split_pool", "round_server_indices", "cosine"]
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsweep.catalog import DATASETS  # noqa: F401  (re-exported: fedsweep.data.DATASETS)
-from fedsweep.config import ConfigError, DataConfig
-from fedsweep.lazy import torch
-from fedsweep.rng import np_rng
+from fedsweep.config.catalog import DATASETS  # noqa: F401  (re-exported: fedsweep.data.DATASETS)
+from fedsweep.config.schema import ConfigError, DataConfig
+from fedsweep.util.lazy import torch
+from fedsweep.sim.rng import np_rng
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fedsweep.engine.functional import FunctionalModel
-from fedsweep.heterogeneity import Batches, RoundPlan, schedule_batches
+from fedsweep.sim.heterogeneity import Batches, RoundPlan, schedule_batches
 
 
 @dataclass

@@ -14,7 +14,7 @@ from torch.func import grad_and_value, vmap
 from fedsweep.algorithms.base import ModelOps
 from fedsweep.engine import batched
 from fedsweep.engine.functional import masked_weights
-from fedsweep.heterogeneity import Batches
+from fedsweep.sim.heterogeneity import Batches
 
 
 class VectorizedEngine:
@@ -55,7 +55,7 @@ class VectorizedEngine:
     def run_rows(self, w, steps, lr, batches, probe, shared, own, per_row: bool = True):
         """The K rows of :meth:`run` given as tensors; with ``per_row`` each row has its own w^t (w is
         (K, n)) and its own shared tensors (each (K, ...)): rows of several configs trained in one
-        call (:mod:`fedsweep.pack`). ``steps`` (K,) on the CPU; ``lr`` one float for all rows.
+        call (:mod:`fedsweep.sweep.pack`). ``steps`` (K,) on the CPU; ``lr`` one float for all rows.
 
         Clients that finish early stop computing: the rows are ordered by their step counts (longest
         first), so the clients still training at step s are the first k_s rows, and step s runs on

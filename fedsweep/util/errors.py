@@ -1,7 +1,7 @@
 """The user-error type every layer raises: imported by config, the registry, data and the CLI alike.
 
 It lives in its own module, below everything else, so that no layer has to import another just to
-raise it (``fedsweep.config`` re-exports it, so ``from fedsweep.config import ConfigError`` works).
+raise it (``fedsweep.config.schema`` re-exports it, so ``from fedsweep.config.schema import ConfigError`` works).
 """
 from __future__ import annotations
 

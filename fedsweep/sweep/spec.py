@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fedsweep.config import (ConfigError, RunConfig, build_config, format_validation_error, load_yaml,
+from fedsweep.config.schema import (ConfigError, RunConfig, build_config, format_validation_error, load_yaml,
                              register_models, set_dotted)
 
 
-#: What every report of a trial to Tune holds (``TuneReporter.report`` in trainable.py), so what a
+#: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
 #: scheduler may read; ``round`` is reported too, as the scheduler's time axis.
 TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy")
 
@@ -186,7 +186,7 @@ _PER_MEMBER_DATA = ("partition", "num_clients", "train_size")
 
 
 def pack_key(cfg: RunConfig) -> str:
-    """Configs with equal keys can train in one pack (fedsweep/pack.py): same model, data source,
+    """Configs with equal keys can train in one pack (fedsweep/sweep/pack.py): same model, data source,
     round count, engine, device and matmul precision."""
     data = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in _PER_MEMBER_DATA}
     return json.dumps({"rounds": cfg.rounds, "model": cfg.model.model_dump(mode="json"), "data": data,
@@ -197,7 +197,7 @@ def pack_key(cfg: RunConfig) -> str:
 def client_code(cfg: RunConfig) -> str:
     """What a config's clients run: its algorithm and that algorithm's parameters. Client functions
     read nothing else of the algorithm (``self.params`` only; ``weighting`` is the server's), so
-    configs with equal codes can share one engine call (fedsweep/pack.py)."""
+    configs with equal codes can share one engine call (fedsweep/sweep/pack.py)."""
     algorithm = {k: v for k, v in cfg.algorithm.model_dump(mode="json").items() if k != "weighting"}
     return json.dumps(algorithm, sort_keys=True)
 

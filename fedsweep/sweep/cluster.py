@@ -25,7 +25,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsweep.errors import ConfigError
+from fedsweep.util.errors import ConfigError
 
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 

@@ -2,14 +2,14 @@
 
 Layout of the work (the measurements behind it: docs/design.md §7):
 
-- the sweep's trials are grouped into units (:func:`fedsweep.sweep.pack_units`): one trial each,
-  or packs of several trained together (``pack:``, :mod:`fedsweep.pack`); Tune runs one function
-  trainable per unit (:mod:`fedsweep.trainable`), which checkpoints at a stable path of its own in
-  the sweep's storage (:mod:`fedsweep.storage`: a folder, or a URI, that every node reaches; on a
+- the sweep's trials are grouped into units (:func:`fedsweep.sweep.spec.pack_units`): one trial each,
+  or packs of several trained together (``pack:``, :mod:`fedsweep.sweep.pack`); Tune runs one function
+  trainable per unit (:mod:`fedsweep.sweep.trainable`), which checkpoints at a stable path of its own in
+  the sweep's storage (:mod:`fedsweep.sweep.storage`: a folder, or a URI, that every node reaches; on a
   cluster each node is checked before any trial starts). Tune is given no checkpoints: its
   experiment snapshot can name a checkpoint it has already rotated away, and a sweep killed in that
   window could not restore the trial;
-- only the driver writes to MLflow (:mod:`fedsweep.tune_callbacks`): one child run per sweep
+- only the driver writes to MLflow (:mod:`fedsweep.sweep.callbacks`): one child run per sweep
   trial, packed or not;
 - this module checks everything before anything is written, holds the sweep's lock, starts (or
   joins) Ray, and closes the sweep's MLflow runs when Tune returns.
@@ -23,12 +23,12 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from fedsweep.config import ConfigError, flatten
-from fedsweep.storage import STATE_FILE, Storage
-from fedsweep.sweep import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
-from fedsweep.tracking import MLFLOW_STATUS
-from fedsweep.trainable import run_unit
-from fedsweep.tune_callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
+from fedsweep.config.schema import ConfigError, flatten
+from fedsweep.sweep.storage import STATE_FILE, Storage
+from fedsweep.sweep.spec import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
+from fedsweep.runs.tracking import MLFLOW_STATUS
+from fedsweep.sweep.trainable import run_unit
+from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
 
 DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
 # The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
@@ -88,13 +88,13 @@ def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int
 
 
 def open_storage(location: str | Path | None = None) -> Storage:
-    """``--storage``: a folder (default ``./fedsweep_runs``) or a URI (:mod:`fedsweep.storage`)."""
+    """``--storage``: a folder (default ``./fedsweep_runs``) or a URI (:mod:`fedsweep.sweep.storage`)."""
     return Storage(location or Path.cwd() / DEFAULT_STORAGE)
 
 
 def lock_folder(storage: Storage) -> Path:
     """Where a sweep's lock file lives: in a folder storage, else (a URI) in ``./fedsweep_runs``; a
-    lock is a file of the driver's machine (:class:`~fedsweep.locks.SweepLock`)."""
+    lock is a file of the driver's machine (:class:`~fedsweep.util.locks.SweepLock`)."""
     return Path(storage.root) if storage.local else Path.cwd() / DEFAULT_STORAGE
 
 
@@ -120,9 +120,9 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     ``--resume`` needs of the sweep it continues, under the sweep's lock (which exists by then); on
     a cluster, that every node a trial fits on reaches the storage (once Ray is up, before the MLflow
     experiment is made). A second driver of a running sweep is refused
-    (:class:`~fedsweep.locks.SweepLock`); one that finds the lock of a killed driver ends what that
+    (:class:`~fedsweep.util.locks.SweepLock`); one that finds the lock of a killed driver ends what that
     driver's local Ray instance left running."""
-    from fedsweep.tracking import check_store
+    from fedsweep.runs.tracking import check_store
     out = out or sys.stdout
     sweep = load_sweep(path)
     trials = expand(sweep, source=str(path))
@@ -137,7 +137,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     check_runnable(sweep, trials, source=str(path), local=not address)
     mode = None
     if address:
-        from fedsweep.cluster import check_cluster
+        from fedsweep.sweep.cluster import check_cluster
         mode = check_cluster(address)                  # reachable, and in the head's auth mode
     root = open_storage(storage)
     root.check_writable()
@@ -145,7 +145,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     store = root.child(sweep.name)
     if resume and not store.exists(STATE_FILE):       # before the lock, which would make its folder
         raise ConfigError(f"--resume: no sweep {sweep.name!r} to resume under {root.where()}")
-    from fedsweep.locks import SweepLock, end_leftovers
+    from fedsweep.util.locks import SweepLock, end_leftovers
     with SweepLock(lock_folder(root) / f"{sweep.name}.lock", sweep.name) as lock:
         stale = lock.acquire()
         ended = end_leftovers(stale) if stale else []
@@ -191,8 +191,8 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
                address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from fedsweep.cluster import check_trial_fits, nodes_a_trial_fits, ray_session, remove_session
-    from fedsweep.tracking import experiment_id, open_store, quiet_store_logs
+    from fedsweep.sweep.cluster import check_trial_fits, nodes_a_trial_fits, ray_session, remove_session
+    from fedsweep.runs.tracking import experiment_id, open_store, quiet_store_logs
     quiet_store_logs()   # the driver imports neither Lightning (~4 s) nor torch (~0.8 s)
     experiment = sweep.mlflow.experiment or sweep.name
     with ThreadPoolExecutor(1) as pool:
@@ -207,7 +207,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             if waiting:
                 print(waiting, file=sys.stderr)
             if address:   # one machine's instance shares the driver's disk by definition
-                from fedsweep.storage import check_nodes_reach
+                from fedsweep.sweep.storage import check_nodes_reach
                 check_nodes_reach(root, nodes_a_trial_fits(sweep.resources.cpu, sweep.resources.gpu))
             client = mlflow_store.result()
             exp_id = experiment_id(client, experiment, uri)
@@ -274,7 +274,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     total = len(payloads)
     packs = f" in {len(units)} packs" if len(units) < total else ""
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
-    from fedsweep.startup import end_startup
+    from fedsweep.util.startup import end_startup
     end_startup()   # the driver's imports (Ray, MLflow) are done
     tuner.fit()
     interrupted = _close_interrupted(client, exp_id, parent_id)
@@ -300,7 +300,7 @@ def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]],
 
 def asha_rungs(scheduler) -> list[float] | None:
     """The rounds at which an ASHA scheduler decides on a trial (its rungs: grace period × η^k up to
-    max_t), where each trial must report (:class:`fedsweep.trainable.Rungs`); read from the scheduler
+    max_t), where each trial must report (:class:`fedsweep.sweep.trainable.Rungs`); read from the scheduler
     itself (Ray keeps them in its brackets' ``_rungs``), so they are Ray's own to the last bit. None
     where a Ray version keeps them elsewhere: trials then report at every evaluation."""
     try:
@@ -335,7 +335,7 @@ def _new_tuner(sweep, payloads, units, root: Storage, store: Storage, sweep_id: 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
                    path: Path, sweep_id: str) -> str:
-    from fedsweep.tracking import log_params
+    from fedsweep.runs.tracking import log_params
     run = client.create_run(exp_id, run_name=sweep.name, tags={"fedsweep.role": "sweep", "fedsweep.sweep": sweep.name,
                                                                "fedsweep.sweep_id": sweep_id})
     log_params(client, run.info.run_id, {

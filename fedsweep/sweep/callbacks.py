@@ -23,9 +23,9 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-from fedsweep.config import RunConfig
-from fedsweep.tracking import MLFLOW_STATUS
-from fedsweep.trainable import trial_checkpoint
+from fedsweep.config.schema import RunConfig
+from fedsweep.runs.tracking import MLFLOW_STATUS
+from fedsweep.sweep.trainable import trial_checkpoint
 
 FINAL_STATUSES = ("finished", "stopped", "diverged", "failed", "incomplete")
 # Metric rows reach MLflow at most this often per run (and all of them at its last report): a write
@@ -57,7 +57,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                          payloads: list[dict], units: list[list[int]]):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
     child run per sweep trial, a packed one's included: a Tune trial of a pack writes several.
-    ``store``: the sweep's folder of the storage (:class:`fedsweep.storage.Storage`), where the
+    ``store``: the sweep's folder of the storage (:class:`fedsweep.sweep.storage.Storage`), where the
     trials keep their checkpoints."""
     from ray import tune
 
@@ -89,7 +89,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
         def __setstate__(self, state):
             if "store" not in state:   # pickled by a fedsweep that kept checkpoints in a folder only
-                from fedsweep.storage import Storage
+                from fedsweep.sweep.storage import Storage
                 state["store"] = Storage(Path(state.pop("ckpt_dir")).parent)
             self.__dict__.update(state)
             self._reset(restored=True)
@@ -141,7 +141,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             """The sweep trial's config as the run's params, those not in ``have``: a driver killed
             between creating a run and logging them (or between two batches of them) left a run
             without its learning rate or seed, which the resumed sweep fills in."""
-            from fedsweep.tracking import log_params
+            from fedsweep.runs.tracking import log_params
             flat = RunConfig(**self.payloads[index]["run"]).flat()
             log_params(self.client, run_id, {k: v for k, v in flat.items() if k not in (have or {})})
 
@@ -183,7 +183,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             calls as MLflow's limits allow (each is a sqlite commit, the driver's main cost)."""
             from mlflow.entities import Param, RunTag
 
-            from fedsweep.tracking import metrics_of
+            from fedsweep.runs.tracking import metrics_of
             for k in [key] if key is not None else list({*self.pending, *self.engine_param}):
                 rows = self.pending.pop(k, [])
                 self.flushed[k] = time.time()
@@ -212,8 +212,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._finish(trial, index, "failed", error)
 
         def _finish(self, trial, index: int, status: str, error: str = ""):
-            from fedsweep.run import summarize
-            from fedsweep.tracking import run_tags, summary_metrics
+            from fedsweep.runs.run import summarize
+            from fedsweep.runs.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
             run_id = self._run_for(trial, index)
             drawn = self.drawn.pop(key, None)
@@ -262,7 +262,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
 def _artifacts_from(cfg: RunConfig, history: list[dict], client_log: list[dict], summary: dict) -> dict[str, bytes]:
     """The artifacts of a run known only by its checkpointed records (a stopped or failed trial)."""
-    from fedsweep.trainable import artifact_files
+    from fedsweep.sweep.trainable import artifact_files
     return artifact_files(cfg, _HistoryOnly(history, client_log), summary)
 
 
@@ -307,7 +307,7 @@ def trial_error(trial) -> str:
     except (OSError, TypeError):
         return "the trial crashed (no error file)"
     last = next((line.strip() for line in reversed(lines) if line.strip()), "the trial crashed")
-    return last.removeprefix("fedsweep.errors.ConfigError: ")
+    return last.removeprefix("fedsweep.util.errors.ConfigError: ")
 
 
 def member_status(trial, index: int) -> str:
@@ -367,7 +367,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
-            from fedsweep.run import duration
+            from fedsweep.runs.run import duration
             clock = f" | {duration(now - self.started)}"
             if self.first and self.first[1] < done < total and now - self.first[0] >= 5:
                 # rounds per second since the first report (start-up excluded) over what is left

@@ -1,13 +1,13 @@
 """Inside a Ray worker: one Tune trial of a sweep, a "unit" (one federated run, or a pack of them).
 
-It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.run.train`, or
-:func:`fedsweep.pack.train_packed` for a pack), reports at evaluations (at least where ASHA decides,
+It runs the same Lightning path as ``fedsweep run`` (:func:`fedsweep.runs.run.train`, or
+:func:`fedsweep.sweep.pack.train_packed` for a pack), reports at evaluations (at least where ASHA decides,
 so it can stop it), and keeps its Lightning checkpoint at a stable path of the sweep's storage
-(:mod:`fedsweep.storage`), ``<sweep>/trial_checkpoints/<trial id>.ckpt`` (replaced whole), so a
+(:mod:`fedsweep.sweep.storage`), ``<sweep>/trial_checkpoints/<trial id>.ckpt`` (replaced whole), so a
 retried or resumed trial continues from there on whatever node it lands. Each report carries, per
 sweep trial of the unit, the metric rows since the last report; the final one also carries each
 run's summary and artifacts (the files, ~90 KB a run): nothing a run's MLflow entry needs is read
-from this node's disk. Only the driver writes MLflow (:mod:`fedsweep.tune_callbacks`).
+from this node's disk. Only the driver writes MLflow (:mod:`fedsweep.sweep.callbacks`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from fedsweep.config import ConfigError, RunConfig
+from fedsweep.config.schema import ConfigError, RunConfig
 
 
 def trial_checkpoint(trial_id: str) -> str:
@@ -27,11 +27,11 @@ def trial_checkpoint(trial_id: str) -> str:
 def check_reach(store, sweep_id: str | None) -> None:
     """This node reads the sweep's state file where the driver wrote it: otherwise its checkpoints
     would be written where no other node (and no retry elsewhere) finds them. The driver checks
-    every node before the sweep starts (:func:`fedsweep.storage.check_nodes_reach`); this catches a
+    every node before the sweep starts (:func:`fedsweep.sweep.storage.check_nodes_reach`); this catches a
     node that joined since. A ConfigError naming the node fails the trial (and is its error line)."""
     import json
 
-    from fedsweep.storage import STATE_FILE
+    from fedsweep.sweep.storage import STATE_FILE
     text = store.read_text(STATE_FILE)
     if text is not None and (sweep_id is None or json.loads(text).get("sweep_id") == sweep_id):
         return
@@ -42,12 +42,12 @@ def check_reach(store, sweep_id: str | None) -> None:
 
 
 def artifact_files(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
-    """A run's MLflow artifacts (:func:`fedsweep.run.write_artifacts`: config.yaml, metrics.csv,
+    """A run's MLflow artifacts (:func:`fedsweep.runs.run.write_artifacts`: config.yaml, metrics.csv,
     summary.json, curves.png, clients.csv) as name -> bytes, for its final report: the driver may
     run on another machine, and this node's disk is not one it reads."""
     import tempfile
 
-    from fedsweep.run import write_artifacts
+    from fedsweep.runs.run import write_artifacts
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp), log_model=False)
         return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
@@ -198,7 +198,7 @@ def _loadable_members(trials: list[int], cfgs: list[RunConfig]):
     """A pack's members whose data can be made, with that data, and (index -> error) for those whose
     cannot: a config error only the data shows (more clients than samples, a partition it cannot
     make) fails that member alone, as a diverged member stops alone."""
-    from fedsweep.allocator import keep_freed_memory
+    from fedsweep.util.allocator import keep_freed_memory
     from fedsweep.data import load_federated
     keep_freed_memory()   # as train_packed would before loading them
     kept, failed = [], {}
@@ -221,15 +221,15 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
              sweep_id: str | None = None) -> None:
     """The Ray Tune function trainable: a unit of the sweep (``units[config["trial"]]``: one federated
     run, or a pack of them trained together), resumed from its checkpoint in ``store`` (the sweep's
-    folder of the storage, :class:`fedsweep.storage.Storage`) if there is one."""
+    folder of the storage, :class:`fedsweep.sweep.storage.Storage`) if there is one."""
     mark = _phase_marks()
     mark("start")
-    from fedsweep.startup import startup_imports
+    from fedsweep.util.startup import startup_imports
     with startup_imports():   # a worker's first trial: its imports without the collector's passes
         import lightning  # noqa: F401
         from ray import tune
 
-        from fedsweep.run import summarize, train
+        from fedsweep.runs.run import summarize, train
     check_reach(store, sweep_id)
     trials = units[config["trial"]]
     cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
@@ -246,7 +246,7 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
                                       config.get("report_every_s", 0.0), scheduled=scheduled, rungs=config.get("rungs"))
             module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
         else:
-            from fedsweep.pack import train_packed
+            from fedsweep.sweep.pack import train_packed
             trials, cfgs, data, failed = _loadable_members(trials, cfgs)
             reporter = _tune_reporter(config["checkpoint_every"], save_checkpoint, trials,
                                       config.get("report_every_s", 0.0), failed)

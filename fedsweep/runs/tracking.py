@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from fedsweep.config import ConfigError, RunConfig
+from fedsweep.config.schema import ConfigError, RunConfig
 
 DEFAULT_DB = "mlflow.db"
 # A run's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged run ran to its
@@ -49,7 +49,7 @@ def _source(uri: str | None) -> str:
 
 
 def _check_sqlite(uri: str, key: str) -> None:
-    from fedsweep.paths import _dir_problem
+    from fedsweep.runs.paths import _dir_problem
     db = sqlite_path(uri)
     if str(db) in ("", ".", ":memory:"):
         return
@@ -99,7 +99,7 @@ def _open_with_mlflow(uri: str, key: str) -> None:
     read its migration scripts). Costs the MLflow import (~2 s) that logging pays anyway."""
     from mlflow import MlflowClient
 
-    from fedsweep.locks import store_lock
+    from fedsweep.util.locks import store_lock
     try:
         with store_lock(sqlite_path(uri).parent):   # not mid-creation
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
@@ -131,7 +131,7 @@ def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None
     """Check before any work that runs can be logged to the tracking store; returns the resolved URI.
 
     ``uri`` is resolved as :func:`resolve_tracking_uri` does (None: ``$MLFLOW_TRACKING_URI``, else the
-    default sqlite store). Raises :class:`~fedsweep.config.ConfigError` with one line naming ``key``
+    default sqlite store). Raises :class:`~fedsweep.config.schema.ConfigError` with one line naming ``key``
     (default: ``mlflow.tracking_uri`` and where the URI came from) and the URI when:
 
     - ``sqlite:///PATH``: PATH's folder is not, and cannot be made, a writable folder (a regular file
@@ -206,7 +206,7 @@ def open_store(uri: str):
     sqlite store it happens under a lock on the store's folder."""
     from mlflow import MlflowClient
 
-    from fedsweep.locks import store_lock
+    from fedsweep.util.locks import store_lock
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
     folder = sqlite_path(uri).parent
@@ -218,7 +218,7 @@ def open_store(uri: str):
 def experiment_id(client, name: str, uri: str) -> str:
     """The id of experiment ``name`` in ``client``'s store, created if missing; two processes creating
     one experiment collide on its unique name, so for a sqlite store under the store folder's lock."""
-    from fedsweep.locks import store_lock
+    from fedsweep.util.locks import store_lock
     if not uri.startswith("sqlite:///"):
         return _get_or_create(client, name, uri)
     with store_lock(sqlite_path(uri).parent):

@@ -1,7 +1,7 @@
 """The round plan: who is sampled, how much local work each completes, and which batches it sees.
 
 docs/design.md §2 is the contract. Every draw of round t derives from ``(seed, t, purpose)``
-(:mod:`fedsweep.rng`), so both engines and a resumed run see the same plan.
+(:mod:`fedsweep.sim.rng`), so both engines and a resumed run see the same plan.
 
 Heterogeneity models (``heterogeneity.kind``), with E = ``local.steps``:
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsweep.config import ConfigError, RunConfig
-from fedsweep.lazy import torch
-from fedsweep.rng import generator, np_rng
+from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.util.lazy import torch
+from fedsweep.sim.rng import generator, np_rng
 
 
 @dataclass

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from fedsweep.config import ConfigError, ModelConfig
+from fedsweep.config.schema import ConfigError, ModelConfig
 
 MODELS = ("mlp", "lenet5", "cnn", "resnet18", "mobilenet_v2")
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from fedsweep.errors import ConfigError
+from fedsweep.util.errors import ConfigError
 
 
 class SweepLock:

@@ -2,7 +2,7 @@
 
 ``fedsweep config``, ``algorithms`` and ``report`` read the algorithms' declarations (their
 ``Params``, in the algorithm modules) and the run plan's types; a sweep's driver also splits its
-trials' data (numpy) and summarizes, formats and logs their results (``fedsweep.run``'s helpers).
+trials' data (numpy) and summarizes, formats and logs their results (``fedsweep.runs.run``'s helpers).
 None of them trains, and importing torch was ~0.8 s of each (of 1.2 s for ``config``; of the
 driver's start-up, before Ray starts). So those modules (``rng``, ``heterogeneity``, ``run``,
 ``algorithms/*``, ``data``) name torch through :data:`torch` below, which imports it at the first

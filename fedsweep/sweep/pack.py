@@ -18,7 +18,7 @@ groups; the others go on). A member's numbers equal its unpacked run's up to flo
 
 Members must share what fixes the engine's shapes: the model, the data source (its tensors are
 concatenated once, equal ones kept once), the round count, the engine and the device
-(:func:`fedsweep.sweep.pack_key`). Members whose engine is the loop (``engine: loop``, or ``auto``
+(:func:`fedsweep.sweep.spec.pack_key`). Members whose engine is the loop (``engine: loop``, or ``auto``
 with a conv model on a CPU) run their own engines one after another.
 """
 from __future__ import annotations
@@ -32,13 +32,13 @@ import lightning as L
 import torch
 from torch import nn
 
-from fedsweep.config import ConfigError, RunConfig
+from fedsweep.config.schema import ConfigError, RunConfig
 from fedsweep.data import FederatedData
 from fedsweep.engine import ClientData
 from fedsweep.engine.vectorized import VectorizedEngine
-from fedsweep.heterogeneity import Batches
-from fedsweep.module import FederatedModule, RoundWork, Rounds
-from fedsweep.sweep import client_code, pack_key
+from fedsweep.sim.heterogeneity import Batches
+from fedsweep.runs.module import FederatedModule, RoundWork, Rounds
+from fedsweep.sweep.spec import client_code, pack_key
 
 # On a CPU, one engine call's client states should stay within the cache: the local steps stream
 # the (rows, n) state several times per step. Measured on 2 cores (benchmarks/README.md): 12 FedLGA
@@ -262,8 +262,8 @@ def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None,
                  ids=None) -> PackedModule:
     """Fit the members of a pack; returns the module (``module.members[i].history`` per config).
     ``ids``: the members' sweep trial indices, kept in the checkpoint (default 0..n-1)."""
-    from fedsweep.allocator import keep_freed_memory
-    from fedsweep.run import lightning_trainer, matmul_precision, quiet_logs, resolve_device
+    from fedsweep.util.allocator import keep_freed_memory
+    from fedsweep.runs.run import lightning_trainer, matmul_precision, quiet_logs, resolve_device
     quiet_logs()
     keep_freed_memory()
     devices = {resolve_device(c.device) for c in cfgs}

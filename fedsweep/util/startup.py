@@ -4,7 +4,7 @@ Importing what training needs (torch; Lightning, which imports torchmetrics, tor
 matplotlib; Ray Tune) makes ~560,000 objects that live as long as the process, and no garbage. While
 they are made, the collector's full pass runs again and again over all of them: six passes of 45 to
 205 ms in a Ray worker's first trial (``gc.callbacks``), and ``import lightning, ray.tune,
-fedsweep.run`` takes 3.4 s with the collector on, 2.5 s with it off (2 CPU cores; benchmarks/README.md).
+fedsweep.runs.run`` takes 3.4 s with the collector on, 2.5 s with it off (2 CPU cores; benchmarks/README.md).
 
 So the entry points, every ``fedsweep`` command but ``bench`` and a sweep's Ray worker, call
 :func:`pause_collector` first, and :func:`end_startup` once the heavy imports are done (``config``,
@@ -15,7 +15,7 @@ Objects are still freed by reference counting as before; only cycles made during
 (a few dozen objects, as the passes above found) stay.
 
 Once per process: a second pause (a Ray worker's next trial) does nothing. A process that never
-paused (a test, a notebook calling ``fedsweep.run.train``) is left as it is, collector and all.
+paused (a test, a notebook calling ``fedsweep.runs.run.train``) is left as it is, collector and all.
 """
 from __future__ import annotations
 

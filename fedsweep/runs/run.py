@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fedsweep.config import ConfigError, RunConfig, flatten
-from fedsweep.lazy import torch
+from fedsweep.config.schema import ConfigError, RunConfig, flatten
+from fedsweep.util.lazy import torch
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
@@ -226,7 +226,7 @@ def _stop_after_round_on_signal(stop):
 
 def quiet_logs() -> None:
     """Only warnings and errors from Lightning, MLflow's store set-up and alembic."""
-    from fedsweep.tracking import quiet_store_logs
+    from fedsweep.runs.tracking import quiet_store_logs
     quiet_store_logs()
     import lightning  # noqa: F401  (its import resets the logger level: set it after)
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
@@ -296,8 +296,8 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
     URI (None without MLflow). A ``resume`` checkpoint's content is checked by :func:`train` (it
     needs the built model). Cost: ~1 ms for a local sqlite store, one HTTP round trip for a server
     (up to 5 s when none answers)."""
-    from fedsweep.paths import check_writable_dir, check_writable_file
-    from fedsweep.tracking import check_store
+    from fedsweep.runs.paths import check_writable_dir, check_writable_file
+    from fedsweep.runs.tracking import check_store
     if ckpt_every < 0:
         raise ConfigError(f"--checkpoint-every: must be 0 or more (0: save only at the end), got {ckpt_every}")
     if ckpt_every and ckpt_dir is None:
@@ -314,9 +314,9 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
           resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None):
     """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
-    from fedsweep.allocator import keep_freed_memory
-    from fedsweep.module import FederatedModule
-    from fedsweep.startup import end_startup
+    from fedsweep.util.allocator import keep_freed_memory
+    from fedsweep.runs.module import FederatedModule
+    from fedsweep.util.startup import end_startup
     quiet_logs()
     end_startup()   # `fedsweep run`: its imports are done (Lightning's in quiet_logs)
     keep_freed_memory()
@@ -370,7 +370,7 @@ def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epo
 def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_model: bool | None = None) -> Path:
     """config.yaml, metrics.csv, clients.csv, summary.json, curves.png and (``mlflow.log_model``, unless
     ``log_model`` says otherwise) model.pt of a run, into ``directory``."""
-    from fedsweep.plots import curves_png
+    from fedsweep.runs.plots import curves_png
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     keys = sorted({k for h in module.history for k in h}, key=lambda k: (k != "round", k))
@@ -398,7 +398,7 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
         ckpt_dir=None, ckpt_every: int = 0, resume=None, max_rounds=None, data=None, out=None) -> dict:
     """Check (:func:`preflight`), train, summarise, log to MLflow; returns the summary (also written
     to ``output_json``, its folders created, before MLflow is written and again with the run id)."""
-    from fedsweep.tracking import log_run, ui_command
+    from fedsweep.runs.tracking import log_run, ui_command
     uri = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
     out = out or sys.stdout
     t0 = time.perf_counter()

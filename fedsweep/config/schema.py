@@ -16,8 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedsweep.errors import ConfigError  # re-exported: `from fedsweep.config import ConfigError` works
-from fedsweep.registry import get_algorithm_class
+from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
+from fedsweep.config.registry import get_algorithm_class
 
 
 class _Strict(BaseModel):

@@ -1,15 +1,15 @@
 """Algorithm registry: name -> Algorithm class. Adding an algorithm = one file + one line in MODULES.
 
 Layers run one way: ``errors`` <- ``registry`` <- ``config`` <- (heterogeneity, data, ...) <-
-``algorithms.*``. This module imports only :mod:`fedsweep.errors` at import time; the algorithm
-modules (which import ``fedsweep.config`` through ``algorithms.base``) are imported lazily, on the
-first lookup, so ``fedsweep.config`` can import this module at its top.
+``algorithms.*``. This module imports only :mod:`fedsweep.util.errors` at import time; the algorithm
+modules (which import ``fedsweep.config.schema`` through ``algorithms.base``) are imported lazily, on the
+first lookup, so ``fedsweep.config.schema`` can import this module at its top.
 """
 from __future__ import annotations
 
 import importlib
 
-from fedsweep.errors import ConfigError
+from fedsweep.util.errors import ConfigError
 
 _REGISTRY: dict[str, type] = {}
 

@@ -1,6 +1,6 @@
 """Checks that an output location can be written, made before any work starts (they write nothing).
 
-Each raises :class:`~fedsweep.config.ConfigError` with one line naming the option, e.g.
+Each raises :class:`~fedsweep.config.schema.ConfigError` with one line naming the option, e.g.
 ``--output-json out/x/a.json: cannot write there: /abs/out/x is a file, not a folder``.
 A missing folder is fine when it can be created: its nearest existing ancestor must be a writable
 folder (the caller creates it when it writes). Permission checks use :func:`os.access`, so they
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedsweep.config import ConfigError
+from fedsweep.config.schema import ConfigError
 
 
 def _dir_problem(path: Path) -> str | None:

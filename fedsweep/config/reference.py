@@ -1,4 +1,4 @@
-"""Generate docs/config.md from the config models' field descriptions: ``python -m fedsweep.docs``.
+"""Generate docs/config.md from the config models' field descriptions: ``python -m fedsweep.config.reference``.
 
 The test suite checks that docs/config.md is current, so an option cannot ship undocumented.
 """
@@ -8,9 +8,8 @@ import typing
 
 from pydantic import BaseModel
 
-from fedsweep.algorithms import available, get_algorithm_class
-from fedsweep.registry import description
-from fedsweep.config import RunConfig
+from fedsweep.config.registry import available, description, get_algorithm_class
+from fedsweep.config.schema import RunConfig
 
 
 def _type_name(annotation) -> str:
@@ -37,7 +36,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 def config_reference() -> str:
     lines = ["# Configuration reference", "",
-             "Generated from `fedsweep/config.py` by `python -m fedsweep.docs > docs/config.md`; "
+             "Generated from `fedsweep/config/schema.py` by `python -m fedsweep.config.reference > docs/config.md`; "
              "every key can be set in YAML or with `--set key=value`. "
              "η_l is `local.lr`, η_g is `server.lr`, ρ is `heterogeneity.rho`.", "",
              "| key | type | default | meaning |", "| --- | --- | --- | --- |"]

@@ -10,7 +10,7 @@ import hashlib
 
 import numpy as np
 
-from fedsweep.lazy import torch
+from fedsweep.util.lazy import torch
 
 
 def derive_seed(seed: int, round: int, purpose: str) -> int:

@@ -18,10 +18,10 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsweep.errors import ConfigError
+from fedsweep.util.errors import ConfigError
 
 # A sweep's state, in its folder of the storage: written by the driver before any trial starts
-# (fedsweep.tune), read by each trial to know that its node reaches the storage.
+# (fedsweep.sweep.tune), read by each trial to know that its node reaches the storage.
 STATE_FILE = "fedsweep_sweep.json"
 
 
@@ -174,7 +174,7 @@ class Storage:
         URI: no such bucket, no credentials, no server). Writes nothing that stays; creates a folder's
         missing parents."""
         if self.local:
-            from fedsweep.paths import check_writable_dir
+            from fedsweep.runs.paths import check_writable_dir
             check_writable_dir(self.root, "--storage")
             return
         probe = f".fedsweep-probe-{uuid.uuid4().hex}"

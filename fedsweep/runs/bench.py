@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from fedsweep.config import build_config
+from fedsweep.config.schema import build_config
 from fedsweep.data import FederatedData
 
 
@@ -76,7 +76,7 @@ class TorchLoop:
 
 def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorithm: str = "fedavg",
               matmul_precision: str = "highest") -> float:
-    from fedsweep.run import train
+    from fedsweep.runs.run import train
     N = max(K, 100)
     baseline = engine == "torch_loop"
     cfg = build_config({
@@ -94,9 +94,9 @@ def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorit
 
 def _auto_choice(model: str, device: str) -> str:
     """What ``engine: auto`` picks for ``model`` on ``device`` (the rule the table checks)."""
-    from fedsweep.config import ModelConfig
+    from fedsweep.config.schema import ModelConfig
     from fedsweep.engine import choose_engine
-    from fedsweep.models import build_model
+    from fedsweep.sim.models import build_model
     return choose_engine("auto", build_model(ModelConfig(name=model), SHAPES[model], 10), device)
 
 
@@ -137,7 +137,7 @@ def main(args) -> int:
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5,
               "batch_size": 10, "rounds_timed": args.rounds,
-              "data": "synthetic, each model's input shape (fedsweep.bench.SHAPES), 10 classes, 30 samples/client",
+              "data": "synthetic, each model's input shape (fedsweep.runs.bench.SHAPES), 10 classes, 30 samples/client",
               "results": results}
     text = json.dumps(report, indent=2)
     if args.json:

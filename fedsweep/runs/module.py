@@ -1,6 +1,6 @@
 """The LightningModule: one whole federated round per ``training_step``.
 
-    plan  = who is sampled, how many steps each completes, which batches   (heterogeneity.py)
+    plan  = who is sampled, how many steps each completes, which batches   (sim/heterogeneity.py)
     local = engine runs the algorithm's client functions for the K clients (engine/)
     agg   = algorithm.aggregate -> update u                                  (algorithms/)
     step  = the server optimizer (Lightning's) steps on pseudo-gradient −u, lr η_g
@@ -24,14 +24,14 @@ from torch import nn
 
 from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import ServerRound, SetupContext
-from fedsweep.config import RunConfig
+from fedsweep.config.schema import RunConfig
 from fedsweep.data import FederatedData, load_federated
 from fedsweep.engine import ClientData, choose_engine, make_engine, probe_batches
 from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
-from fedsweep.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
-from fedsweep.models import build_model
-from fedsweep.rng import derive_seed, generator
+from fedsweep.sim.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
+from fedsweep.sim.models import build_model
+from fedsweep.sim.rng import derive_seed, generator
 
 
 @dataclass

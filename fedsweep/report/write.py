@@ -1,0 +1,150 @@
+"""``fedsweep report``: the report's files from a sweep's MLflow runs (how the numbers are made:
+:mod:`fedsweep.report.trials`)."""
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from fedsweep.config.schema import ConfigError
+from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, settings_curves_png,
+                                   weights_figures)
+from fedsweep.report.tables import _all_table, _best_table, _markdown, _rounds_table
+from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs,
+                                    best_configs, config_table, load_trials, relative_targets)
+
+def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
+                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
+                 relative_target: float | None = None) -> Path:
+    """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``, when a
+    setting takes several values ``settings_curves.png``, and for runs with per-client weights
+    ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
+
+    ``reference``: the method speed-ups are relative to. ``relative_target``: count rounds to this
+    fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target."""
+    from mlflow import MlflowClient
+
+    from fedsweep.runs.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
+    from fedsweep.util.startup import end_startup
+    end_startup()   # `fedsweep report`: its imports are done
+    trials = load_trials(tracking_uri, experiment, sweep)
+    if not trials["status"].isin(SCORED).any():
+        counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+        errors = trials.loc[trials["error"] != "", "error"]
+        why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
+        raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
+                          f"({counts}){why}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    uri = trials.attrs["tracking_uri"]
+    runs = _Runs(MlflowClient(tracking_uri=uri))
+    thresholds = None
+    if relative_target is not None:
+        if reference is None:
+            raise ConfigError("report.relative_target needs a reference method (report.reference)")
+        settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
+        thresholds = relative_targets(trials, runs, settings_in, reference, relative_target)
+    configs = config_table(trials, setting_keys)
+    best = best_configs(configs)
+    settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
+    if thresholds is not None:
+        keys = trials.attrs["target_keys"]
+        best["target"] = [thresholds.get(tuple(r[k] for k in keys), np.nan) for _, r in best.iterrows()]
+        target = None
+    else:
+        target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
+        best["target"] = target if target is not None else np.nan
+    max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
+
+    accuracy_curves_png(best, runs, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
+    rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target if rule == "target" else None,
+                         relative=thresholds is not None)
+    several = len(_groups(best)) > 1
+    if several:
+        settings_curves_png(best, runs, out / "settings_curves.png", reference,
+                            title=f"{sweep}: each method across {', '.join(settings)}")
+    weight_figures = weights_figures(best, runs, out)
+    trials.to_csv(out / "trials.csv", index=False)
+
+    counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+    dupes = trials.attrs["runs_read"] - len(trials)
+    if rule == "target":
+        what = (f"{relative_target:g} × the final accuracy of {reference}'s best config under the same "
+                f"{', '.join(trials.attrs['target_keys']) or 'sweep'} (" + ", ".join(
+                    f"{'/'.join(map(_fmt_value, k)) or 'all'}: {v:.4f}" for k, v in thresholds.items()) + ")"
+                if thresholds is not None else f"{target:g}")
+        rule_text = (f"fewest mean rounds to the target accuracy {what} (configs where every seed reached it "
+                     "first, then by the fraction of seeds that did; ties broken by best accuracy)")
+    else:
+        rule_text = "best mean over seeds of the best test accuracy (no target accuracy was set)"
+    lines = [
+        f"# Sweep report: {sweep}",
+        "",
+        f"- experiment: `{experiment}`",
+        f"- tracking URI: `{uri}`",
+        f"- trials: {len(trials)} ({counts})" + (f"; {dupes} superseded duplicate run(s) ignored" if dupes else ""),
+        f"- generated: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        f"- best config per method: {rule_text}",
+        f"- settings (compared, not tuned; best config chosen per setting): "
+        f"{', '.join(f'`{k}`' for k in settings) or 'none'}",
+        f"- tuned params: {', '.join(f'`{k}`' for k in tuned) or 'none'}",
+        "- scored: finished, diverged and stopped trials; a diverged trial counts as accuracy 0 and never "
+        "reaching the target; mean ± std over seeds (sample std); rounds/seconds/models to target are means "
+        "over the seeds that reached it; stability: mean lag-one autocorrelation of the normalized accuracy "
+        "changes between evaluations (FedSoftMax Table 4; near 1 smooth, below 0 zig-zag).",
+        "",
+        "## Best config per method",
+        "",
+        _best_table(best),
+        "",
+        "![test accuracy vs round](accuracy_curves.png)",
+        "",
+        "![rounds to target](rounds_to_target.png)",
+        "",
+    ]
+    if rule == "target":
+        reference = reference if reference in set(best["method"]) else None
+        ref_text = f"; (x×) = speed-up over {reference}, its mean rounds / the method's" if reference else ""
+        lines += [
+            "## Rounds to target per setting",
+            "",
+            f"Mean rounds to the target of each method's best config under each setting{ref_text}; "
+            "[k/n]: only k of n seeds reached it.",
+            "",
+            _rounds_table(best, reference),
+            "",
+        ]
+    if several:
+        lines += ["![each method across settings](settings_curves.png)", ""]
+    if weight_figures:
+        lines += ["## Aggregation weights", "",
+                  "For each method that records per-client weights (loss-aware aggregation), its best config "
+                  "under each setting, first seed: |α_i − p_i| per client over the rounds (the FedSoftMax paper's "
+                  "Fig. 6) and, per client and round, whether α_i is among the round's largest (a fifth of the clients, "
+                  "at most ten; its Fig. 7).", ""]
+        lines += [f"![aggregation weights of {m}]({name})" for m, name in weight_figures] + [""]
+    lines += [
+        "## All configs",
+        "",
+        _all_table(configs),
+        "",
+    ]
+    incomplete = trials[trials["status"] == "incomplete"]
+    if len(incomplete):
+        lines += ["## Incomplete runs", "", "Trained, but without a summary in MLflow, so not scored: each run, "
+                  "with why (its `fedsweep.error` tag).", "",
+                  _markdown(["run", "config_id", "seed", "why"],
+                            [[str(r["run_name"]), f"`{r['config_id']}`", _fmt_value(r["seed"]), r["error"]]
+                             for _, r in incomplete.iterrows()]), ""]
+    failed = trials[(trials["error"] != "") & (trials["status"] != "incomplete")]
+    if len(failed):
+        lines += ["## Failed trials", "", "Each error once (the last line of its traceback; the runs' "
+                  "`fedsweep.error` tag), with the trials that ended with it.", "",
+                  _markdown(["trials", "error", "configs"],
+                            [[str(len(g)), f"`{e}`", ", ".join(sorted(f"`{c}`" for c in g["config_id"].unique()))]
+                             for e, g in sorted(failed.groupby("error"), key=lambda x: -len(x[1]))]), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
