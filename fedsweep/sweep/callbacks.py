@@ -62,7 +62,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
     from ray import tune
 
     class MlflowTrials(tune.Callback):
-        # What Tune pickles into its experiment state; everything else belongs to one driver session.
+        # What Tune pickles into its experiment state; everything else belongs to one driver process.
         _KEPT = ("uri", "experiment_id", "parent_id", "sweep", "store", "payloads", "units")
 
         def __init__(self):

@@ -11,7 +11,7 @@ then fails with a bare ``ConnectionError``. So before ``ray.init`` fedsweep
 2. asks the head once (a 3 s gRPC call) whether it accepts that: a mismatch is one line that says
    which variable or file to set, before anything is written.
 
-The environment is put back as it was when the sweep ends, so a Python session that runs several
+The environment is put back as it was when the sweep ends, so a Python process that runs several
 sweeps (or tests) does not carry one cluster's mode into the next.
 """
 from __future__ import annotations
