@@ -276,7 +276,21 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
     from fedsweep.util.startup import end_startup
     end_startup()   # the driver's imports (Ray, MLflow) are done
-    tuner.fit()
+    for lost in range(LOST_RESULT_RETRIES + 1):
+        try:
+            tuner.fit()
+            break
+        except RuntimeError as e:
+            if lost == LOST_RESULT_RETRIES or not _lost_with_its_node(e):
+                raise
+            # A node died after a trial's result was made there and before the driver fetched it:
+            # Ray Tune 2.60 stops on that (it expects only an actor's death). What a trial needs to
+            # go on is in the storage, so the sweep continues as `--resume` would, in this process.
+            print("[sweep] Ray Tune stopped: a trial's result was lost with its node; continuing from "
+                  "the trials' checkpoints, as --resume would", file=sys.stderr)
+            tuner = tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store,
+                                                                        state.get("sweep_id")),
+                                       resume_errored=True, storage_filesystem=store.fs)
     interrupted = _close_interrupted(client, exp_id, parent_id)
     counts = _outcomes(client, exp_id, parent_id)
     unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
@@ -286,6 +300,15 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
     return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
             "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
+
+
+LOST_RESULT_RETRIES = 3   # restores in one driver after results lost with dead nodes, then it stops
+
+
+def _lost_with_its_node(error: RuntimeError) -> bool:
+    """Ray Tune's "Caught unexpected exception" around a result object that died with its node."""
+    from ray.exceptions import ObjectLostError
+    return isinstance(error.__cause__, ObjectLostError)
 
 
 def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
