@@ -97,7 +97,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
     """The last lines of ``fedsweep tune``: the trials' outcomes, each failure's error once, the runs
     that ended without their summary (and why), where Ray's logs are kept if something went wrong,
     and what to run next."""
-    from fedsweep.runs.tracking import ui_command
+    from fedsweep.runs.tracking import ui_command, ui_url
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
     if result["unfinished"]:
         lines = [f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
@@ -113,6 +113,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
         lines.append(f"Ray's logs of it: {result['ray_session']}/logs")
     lines += [f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}",
               f"compare the trials:  {ui_command(result['tracking_uri'])}",
+              *([f"           and open:  {ui_url(result['experiment_id'])}"] if result.get("experiment_id") else []),
               f"report:              fedsweep report {sweep_path}"]
     return "\n".join(lines)
 

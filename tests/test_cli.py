@@ -77,6 +77,21 @@ def test_run_writes_json_and_mlflow(tmp_path, tmp_mlflow, capsys):
     assert run.data.metrics["best/test_accuracy"] == pytest.approx(summary["best_test_accuracy"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "metrics.csv", "curves.png", "model.pt", "summary.json"} <= artifacts
+    # the MLflow UI opens the experiment on its runs (not MLflow 3's GenAI overview) and names the data
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    (data,) = run.inputs.dataset_inputs
+    assert data.dataset.name == "digits classes2 N8" and json.loads(data.dataset.profile)["clients"] == 8
+    assert {t.key: t.value for t in data.tags} == {"mlflow.data.context": "training"}
+
+
+def test_an_experiment_made_before_is_tagged_for_the_runs_view_on_its_next_use(tmp_path, tmp_mlflow):
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=tmp_mlflow)
+    exp_id = client.create_experiment("older")                       # as an older fedsweep made it
+    assert "mlflow.experimentKind" not in client.get_experiment(exp_id).tags
+    raw = tiny_raw(rounds=1, mlflow={"experiment": "older"})
+    assert main(["run", write(tmp_path, raw), "--quiet"]) == 0
+    assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 @pytest.mark.parametrize("override,needle", [

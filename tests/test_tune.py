@@ -79,8 +79,15 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
               r.data.tags["fedsweep.status"] for r in runs}
     assert status == {(m, lr, seed): "finished" if lr == "0.1" else "diverged"
                       for m in ("fedavg", "fedlga") for lr in ("0.1", "1e+30") for seed in ("0", "1")}
+    # names that tell the configs apart at a glance: the method, then the keys the sweep varies
+    assert {r.info.run_name for r in runs} == {f"{m} ηl{lr} s{seed}" for m in ("fedavg", "fedlga")
+                                               for lr in ("0.1", "1e+30") for seed in (0, 1)}
+    exp = client.get_experiment_by_name("tiny")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"   # opens on the runs
     for r in runs:
         assert r.data.params["algorithm.name"] == r.data.tags["fedsweep.method"]
+        (data,) = r.inputs.dataset_inputs                                      # the Dataset column
+        assert data.dataset.name == "digits classes2 N8"
         assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \
             {a.path for a in client.list_artifacts(r.info.run_id)}
         if r.data.tags["fedsweep.status"] == "diverged":
@@ -444,7 +451,8 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     outcome = _outcomes(client, runs["t0"].info.experiment_id, writer.parent_id)
     assert outcome["finished"] == 1 and outcome["incomplete"] == 2
     lines = sweep_outcome({**outcome, "trials": 3, "unfinished": 0, "parent_run_id": writer.parent_id,
-                           "experiment": "p", "tracking_uri": writer.uri}, "p.yaml").splitlines()
+                           "experiment": "p", "experiment_id": runs["t0"].info.experiment_id,
+                           "tracking_uri": writer.uri}, "p.yaml").splitlines()
     assert lines[0] == "sweep done: 1 finished, 2 incomplete"
     assert {line.split(": ", 1)[0] for line in lines[1:3]} == {
         f"incomplete ({runs[t].info.run_name})" for t in ("t1", "t2")}
@@ -776,3 +784,110 @@ def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
     assert "| algorithm.temperature=0.3 |" in text and "| algorithm.temperature=3 |" in text
     for name in ("weights_fedsoftmax.png", "settings_curves.png"):
         assert (tmp_path / "rep" / name).stat().st_size > 10_000
+
+
+def test_run_names_show_the_keys_a_sweep_varies_in_short(tmp_path):
+    from fedsweep.sweep.spec import run_name, varying_keys
+    path = write_sweep(tmp_path / "n.yaml", "n", grid={"heterogeneity.rho": [0.1, 0.9], "local.lr": [0.05],
+                                                       "data.partition": [{"kind": "dirichlet", "alpha": 0.3},
+                                                                          {"kind": "classes"}]},
+                       methods={"fedavg": {}, "fedprox": {"algorithm.mu": [0.1, 1.0]},
+                                "scaffold": {"algorithm.option": [2]}}, seeds=[0, 1])
+    trials = expand(load_sweep(path))
+    varying = varying_keys(trials)
+    # one value (local.lr 0.05, SCAFFOLD's option 2) does not tell trials apart: left out
+    assert varying == ["data.partition", "heterogeneity.rho", "seed", "algorithm.mu"]   # as the file orders them
+    names = [run_name(t, varying) for t in trials]
+    assert len(set(names)) == len(trials)
+    assert "fedavg dir0.3 ρ0.1 s0" in names and "fedprox classes2 ρ0.9 μ1 s1" in names
+    assert "scaffold classes2 ρ0.9 s1" in names
+    assert max(map(len, names)) <= 30
+
+
+def test_ray_messages_on_the_terminal_are_one_short_line():
+    from fedsweep.sweep.callbacks import short_cause
+    from fedsweep.sweep.cluster import raylet_line
+    dead = ("The node with node id: aadb5b8617f5dc7be6c1d45171e4cd2f506604afe838b9d218913efc and address: "
+            "127.0.0.3 and node name: 127.0.0.3 has been marked dead because the detector has missed too many "
+            "heartbeats from it. This can happen when a \t(1) raylet crashes unexpectedly (OOM, etc.) \n\t(2) "
+            "raylet has lagging heartbeats due to slow network or busy workload.")
+    line = raylet_line(dead)
+    assert "\n" not in line and len(line) <= 200 and line.startswith("The node with node id: aadb5b86 and")
+    assert line.endswith("heartbeats from it.")
+    unavailable = ("ray.exceptions.ActorUnavailableError: The actor ff219e1a6c0eee9b7d8c0e1f02000000 is "
+                   "unavailable: The actor is temporarily unavailable: RpcError: RPC error: recvmsg:Connection "
+                   "reset by peer rpc_code: 14. The task may or may not have been executed on the actor." * 3)
+    assert short_cause(unavailable) == "its worker or its node stopped answering"
+    assert short_cause("ValueError: boom") == "ValueError: boom"
+    long = "RuntimeError: " + "x" * 500
+    assert len(short_cause(long)) == 160 and short_cause(long).endswith("…")
+
+
+def test_the_mlflow_ui_shows_the_sweep_as_a_tree_of_distinct_runs(finished_sweep):
+    """What a user sees in a real browser: `mlflow ui` on the sweep's store, opened at the address
+    `fedsweep tune` prints, in Debian's chromium driven by Playwright. The experiment opens on its runs
+    (not MLflow 3's GenAI overview), the parent expands into its children, each with its own name and
+    the data it used, and a child's page draws its test accuracy and shows its artifacts."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium: the README's set-up installs Debian's (apt-get install chromium)")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    from fedsweep.runs.tracking import ui_url
+    tmp, uri, _ = finished_sweep
+    client, runs = trial_runs(uri, "tiny")
+    exp_id = client.get_experiment_by_name("tiny").experiment_id
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                           "--port", str(port)], start_new_session=True, cwd=tmp,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert ui.poll() is None and time.time() < deadline, "mlflow ui did not start"
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium)
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(ui_url(exp_id, port=port))
+            parent = page.locator(".ag-row", has_text="tiny").first
+            parent.wait_for(timeout=60_000)
+            assert page.get_by_text("Run Name", exact=True).count() and not page.get_by_text("Token Usage").count()
+            parent.locator("button").first.click()                  # expand the sweep's parent run
+            page.locator(".ag-row", has_text="fedavg").first.wait_for(timeout=30_000)
+            shown = " | ".join(r.inner_text() for r in page.locator(".ag-row").all())
+            names = {r.info.run_name for r in runs}
+            assert len(names) == 8 and all(name in shown for name in names), shown
+            assert shown.count("digits classes2 N8") >= 8, shown        # the Dataset column
+
+            child = next(r for r in runs if r.data.tags["fedsweep.status"] == "finished")
+            page.goto(ui_url(exp_id, child.info.run_id, port=port).replace("?", "/model-metrics?"))
+            page.get_by_placeholder("Search metric charts").fill("test/accuracy")
+            page.get_by_text("accuracy", exact=True).first.wait_for(timeout=30_000)   # the chart's title
+            page.locator("svg.main-svg .scatterlayer .trace").first.wait_for(state="attached", timeout=30_000)
+            page.goto(ui_url(exp_id, child.info.run_id, port=port).replace("?", "/artifacts?"))
+            page.get_by_text("curves.png", exact=True).click(timeout=30_000)
+            page.locator("img[alt='curves.png']").wait_for(timeout=30_000)            # shown inline
+            for artifact in ("config.yaml", "metrics.csv", "summary.json"):
+                assert page.get_by_text(artifact, exact=True).count(), artifact
+            browser.close()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        try:
+            ui.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()

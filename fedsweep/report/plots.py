@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedsweep.config.names import short
 from fedsweep.report.trials import _fmt_value, _groups, _present, _Runs
 
 def _tick_labels(best: pd.DataFrame, groups) -> list[str]:
@@ -25,6 +26,9 @@ def _colors(methods) -> dict:
     return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(methods))}
 
 
+BAND_NOTE = "mean over seeds; bands: ± one standard deviation, clipped to [0, 1]"
+
+
 def _mean_curve(runs: _Runs, run_ids):
     """(mean, std) over runs of test accuracy by round, or None if no run logged it."""
     curves = {rid: runs.accuracy(rid) for rid in run_ids}
@@ -35,10 +39,28 @@ def _mean_curve(runs: _Runs, run_ids):
 
 
 def _band(ax, curve, color, label: str, alpha: float) -> None:
-    """A mean curve with its ± std band."""
+    """A mean curve with its ± one-std band over seeds, clipped to accuracy's [0, 1]."""
     mean, std = curve
     ax.plot(mean.index, mean.values, color=color, label=label)
-    ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=alpha, lw=0)
+    ax.fill_between(mean.index, np.clip(mean - std, 0.0, 1.0), np.clip(mean + std, 0.0, 1.0),
+                    color=color, alpha=alpha, lw=0)
+
+
+def _config_label(method: str, config: str) -> str:
+    """``fedlga ηl0.1 ηg1`` from a best row's ``local.lr=0.1, server.lr=1``: which config a curve is."""
+    pairs = [p.split("=", 1) for p in config.split(", ") if "=" in p] if isinstance(config, str) else []
+    return " ".join([method, *(short(k, v) for k, v in pairs)])
+
+
+def _cadence(curves) -> str:
+    """'evaluated every N rounds' from the rounds the curves hold (what limits their resolution)."""
+    steps = {int(b - a) for c in curves for a, b in zip(c[0].index[:-1], c[0].index[1:])}
+    return f" (evaluated every {min(steps)} rounds)" if steps and min(steps) > 1 else ""
+
+
+def _finish_axes(ax, xlabel: str) -> None:
+    ax.set(xlabel=xlabel, ylim=(max(0.0, ax.get_ylim()[0]), min(1.02, ax.get_ylim()[1])))
+    ax.grid(alpha=0.3)
 
 
 def _panel_grid(n: int):
@@ -65,16 +87,19 @@ def accuracy_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, title: str 
     colors = _colors(best["method"].unique())
     fig, axes = _panel_grid(len(groups))
     for ax, (label, rows) in zip(axes.flat, groups):
+        curves = []
         for _, r in rows.iterrows():
             if (curve := _mean_curve(runs, r["run_ids"])) is not None:
-                _band(ax, curve, colors[r["method"]], f"{r['method']} (n={r['n']})", 0.2)
+                curves.append(curve)
+                _band(ax, curve, colors[r["method"]],
+                      f"{_config_label(r['method'], r.get('config', ''))} ({r['n']} seeds)", 0.2)
         target = rows["target"].iloc[0] if "target" in rows else None
         if target is not None and _present(target):
             ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.3g}")
-        ax.set(xlabel="round", title=label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-    return _save_panels(fig, axes, len(groups), path, title)
+        ax.set_title(label)
+        _finish_axes(ax, "round" + _cadence(curves))
+        ax.legend(fontsize=7, loc="lower right")
+    return _save_panels(fig, axes, len(groups), path, "\n".join(t for t in (title, BAND_NOTE) if t))
 
 
 def settings_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, reference: str | None = None,
@@ -101,12 +126,14 @@ def settings_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, reference: 
     fig, axes = _panel_grid(len(panels))
     for ax, (method, key, rows) in zip(axes.flat, panels):
         key = key if isinstance(key, tuple) else (key,)
-        drawn = set()
+        drawn, curves = set(), []
         for _, r in rows.sort_values(last).iterrows():
             if tuple(r["run_ids"]) in drawn or (curve := _mean_curve(runs, r["run_ids"])) is None:
                 continue
             drawn.add(tuple(r["run_ids"]))
-            _band(ax, curve, shades.get(r[last], "grey"), f"{last}={_fmt_value(r[last])}", 0.15)
+            curves.append(curve)
+            _band(ax, curve, shades.get(r[last], "grey"),
+                  " ".join([short(last, _fmt_value(r[last])), _config_label("", r.get("config", ""))]).strip(), 0.15)
         if reference is not None and method != reference:
             ref = best[best["method"] == reference]
             for k, v in zip(outer, key):
@@ -118,10 +145,10 @@ def settings_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, reference: 
         target = rows["target"].iloc[0] if "target" in rows and len(rows) else None
         if target is not None and _present(target):
             ax.axhline(target, color="grey", ls=":", lw=1)
-        ax.set(xlabel="round", title=", ".join([method, *(f"{k}={_fmt_value(v)}" for k, v in zip(outer, key))]))
-        ax.grid(alpha=0.3)
+        ax.set_title(" ".join([method, *(short(k, _fmt_value(v)) for k, v in zip(outer, key))]))
+        _finish_axes(ax, "round" + _cadence(curves))
         ax.legend(fontsize=7, loc="lower right")
-    return _save_panels(fig, axes, len(panels), path, title)
+    return _save_panels(fig, axes, len(panels), path, "\n".join(t for t in (title, BAND_NOTE) if t))
 
 
 def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | None = None,

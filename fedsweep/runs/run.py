@@ -398,7 +398,7 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
         ckpt_dir=None, ckpt_every: int = 0, resume=None, max_rounds=None, data=None, out=None) -> dict:
     """Check (:func:`preflight`), train, summarise, log to MLflow; returns the summary (also written
     to ``output_json``, its folders created, before MLflow is written and again with the run id)."""
-    from fedsweep.runs.tracking import log_run, ui_command
+    from fedsweep.runs.tracking import log_run, ui_command, ui_url
     uri = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
     out = out or sys.stdout
     t0 = time.perf_counter()
@@ -421,8 +421,11 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
             run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri,
                              params={"engine_used": module.engine_name})
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
+        from mlflow import MlflowClient
+        experiment_id = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
-              f"open it with:  {ui_command(uri)}", file=out)
+              f"open it with:  {ui_command(uri)}\n"
+              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
         if output_json is not None:
             Path(output_json).write_text(summary_json(summary))
     return summary

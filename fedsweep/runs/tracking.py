@@ -9,6 +9,7 @@ when the finished run is logged).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -180,6 +181,14 @@ def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
 
 
+def ui_url(experiment_id: str, run_id: str | None = None, port: int = 5000) -> str:
+    """The page of ``mlflow ui`` that shows an experiment's runs (or one run). MLflow 3.17 opens an
+    experiment on its GenAI overview (traces: none here) unless the address asks for the model-training
+    view (``workflowType``), whatever the experiment's tags say; the choice then sticks in the browser."""
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"
+
+
 def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (sqlite_path(uri).parent / "mlartifacts").as_uri()
@@ -225,12 +234,43 @@ def experiment_id(client, name: str, uri: str) -> str:
         return _get_or_create(client, name, uri)
 
 
+#: MLflow 3's UI opens an experiment on its GenAI overview (traces, latency: empty here) unless the
+#: experiment is tagged as one of model-training runs; name and value as MLflow 3.17's UI reads them.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def _get_or_create(client, name: str, uri: str) -> str:
+    key, kind = EXPERIMENT_KIND
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    root = _artifact_root(uri)
-    return client.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
+    if exp is None:
+        root = _artifact_root(uri)
+        return client.create_experiment(name, artifact_location=f"{root}/{name}" if root else None,
+                                        tags={key: kind})
+    if key not in exp.tags:               # made by an older fedsweep: its runs view from now on
+        client.set_experiment_tag(exp.experiment_id, key, kind)
+    return exp.experiment_id
+
+
+def dataset_input(run: dict):
+    """The run's data as an MLflow dataset input, so the runs table's Dataset column says what data
+    a run used: named by dataset, partition and clients (``mnist_5k classes2 N50``), its digest a hash
+    of the ``data`` and ``server_data`` config (equal data, equal digest), its profile the split."""
+    import hashlib
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    from fedsweep.config.names import partition_label
+    data, server = run["data"], run.get("server_data") or {}
+    name = " ".join([data["name"], partition_label(data["partition"]), f"N{data['num_clients']}"])
+    setup = json.dumps({"data": data, "server_data": server}, sort_keys=True, default=str)
+    profile = {"clients": data["num_clients"], "partition": data["partition"],
+               "test_fraction": data.get("test_fraction"), "train_size": data.get("train_size")}
+    if server.get("fraction") or server.get("size"):
+        profile["server_data"] = {k: server.get(k) for k in ("fraction", "size")}
+    source = {"dataset": data["name"], "root": data.get("root")}
+    dataset = Dataset(name=name, digest=hashlib.sha1(setup.encode()).hexdigest()[:8], source_type="code",
+                      source=json.dumps(source), profile=json.dumps(profile, default=str))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
 
 
 def metrics_of(history: list[dict], timestamp_ms: int):
@@ -273,6 +313,7 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     name = cfg.mlflow.run_name or f"{cfg.algorithm.name}-seed{cfg.seed}"
     run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
     rid = run.info.run_id
+    client.log_inputs(rid, datasets=[dataset_input(cfg.model_dump(mode="json"))])
     now = int(time.time() * 1000)
     log_params(client, rid, {**cfg.flat(), **(params or {})})
     metrics = metrics_of(history, now) + summary_metrics(summary, now)

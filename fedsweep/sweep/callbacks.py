@@ -126,13 +126,15 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self._log_params(run_id, index, have=found[0].data.params)
             else:
                 info = self.payloads[index]
-                run_id = self.client.create_run(self.experiment_id, run_name=info["label"], tags={
+                run_id = self.client.create_run(self.experiment_id, run_name=info.get("name", info["label"]), tags={
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
                     "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
                        else {})}).info.run_id
                 self._log_params(run_id, index)
+                from fedsweep.runs.tracking import dataset_input
+                self.client.log_inputs(run_id, datasets=[dataset_input(info["run"])])
                 self.logged[key] = 0
             self.runs[key] = run_id
             return run_id
@@ -310,6 +312,25 @@ def trial_error(trial) -> str:
     return last.removeprefix("fedsweep.util.errors.ConfigError: ")
 
 
+#: Ray's long messages for a lost worker or node, said in words on the terminal (the full text stays
+#: in the trial's error.txt, which the line names).
+RAY_CAUSES = (("is unavailable", "its worker or its node stopped answering"),
+              ("marked dead", "its node was marked dead"),
+              ("The actor died", "its worker process died"),
+              ("running low on memory", "its node ran out of memory"),
+              ("OutOfMemoryError", "its node ran out of memory"))
+TERMINAL_WIDTH = 160
+
+
+def short_cause(error: str) -> str:
+    """A trial's error for one terminal line: Ray's own lost-worker messages in words, anything else
+    cut to TERMINAL_WIDTH characters."""
+    for pattern, words in RAY_CAUSES:
+        if pattern in error:
+            return words
+    return error if len(error) <= TERMINAL_WIDTH else error[:TERMINAL_WIDTH - 1] + "…"
+
+
 def member_status(trial, index: int) -> str:
     """How sweep trial ``index`` of a completed Tune trial ended: its final report's status (finished
     or diverged), else ``stopped`` (a scheduler ended it before its last round)."""
@@ -420,7 +441,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             if store is not None and not store.local:
                 where = f"{store.scheme}://{where}"
             for index in units[trial.config["trial"]]:
-                self._print(f"[{word}] {payloads[index]['label']}: {trial_error(trial)} ({note}traceback: {where})")
+                self._print(f"[{word}] {payloads[index]['label']}: {short_cause(trial_error(trial))} "
+                            f"({note}traceback: {where})")
 
         def on_experiment_end(self, trials, **info):
             self._print(self._line(trials))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -194,6 +195,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     # and MLflow). TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 brings them back.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")   # CPU trials must not grab a GPU
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")   # no colour codes in a log file or a pipe
     if address:
         os.environ["RAY_AUTH_MODE"] = mode or check_cluster(address)   # before ray reads its config
     import ray
@@ -202,6 +205,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_not_the_incomplete_trials)
     _refresh_ray_auth()
+    restore_printer = _short_raylet_messages()
     try:
         if address:
             try:
@@ -218,6 +222,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         if not address:
             _stop_monitor()
         ray.shutdown()
+        restore_printer()
         tune_log.removeFilter(_not_the_incomplete_trials)
         for k, v in saved.items():
             if v is None:
@@ -225,6 +230,40 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
             else:
                 os.environ[k] = v
         _refresh_ray_auth()
+
+
+RAYLET_WIDTH = 200
+_RAY_ID = re.compile(r"\b[0-9a-f]{32,}\b")
+
+
+def raylet_line(message: str) -> str:
+    """One of Ray's cluster messages (a node marked dead, a worker killed for memory) as one short
+    line: its first sentence, Ray's long ids cut to 8 characters, at most RAYLET_WIDTH characters
+    (a node's death was 1,071 characters over several lines)."""
+    text = _RAY_ID.sub(lambda m: m.group(0)[:8], " ".join(message.split()))
+    first = text.split(". ", 1)[0].rstrip(".") + "."
+    return first if len(first) <= RAYLET_WIDTH else first[:RAYLET_WIDTH - 1] + "…"
+
+
+def _short_raylet_messages():
+    """Ray prints its cluster messages to the driver's terminal as ``(raylet) <message>``, through
+    ``ray._private.worker.print_to_stdstream`` (even with ``log_to_driver=False``); shorten them to
+    :func:`raylet_line` while the sweep runs. Returns the function that puts Ray's own back."""
+    try:
+        import ray._private.worker as ray_worker
+        original = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):        # another Ray: its messages as they are
+        return lambda: None
+
+    def shortened(data, *args, **kwargs):
+        if data.get("pid") == "raylet":
+            data = {**data, "lines": [raylet_line(line) for line in data.get("lines", [])]}
+        return original(data, *args, **kwargs)
+    ray_worker.print_to_stdstream = shortened
+
+    def restore():
+        ray_worker.print_to_stdstream = original
+    return restore
 
 
 @contextmanager

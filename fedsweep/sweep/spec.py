@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fedsweep.config.names import short
 from fedsweep.config.schema import (ConfigError, RunConfig, build_config, format_validation_error, load_yaml,
                              register_models, set_dotted)
 
@@ -117,6 +118,26 @@ class Trial:
     def label(self) -> str:
         varying = [f"{k}={v}" for k, v in self.overrides.items() if k not in ("seed", "algorithm.name")]
         return " ".join([self.method, *varying, f"seed={self.seed}"])
+
+
+def varying_keys(trials: list[Trial]) -> list[str]:
+    """The keys a sweep varies, in the order its file gives them: those that take more than one value
+    among the trials that set them (a method's one-value grid, such as SCAFFOLD's option, is not)."""
+    values: dict[str, set[str]] = {}
+    for t in trials:
+        for key, value in t.overrides.items():
+            values.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
+    return [k for k, v in values.items() if k != "algorithm.name" and len(v) > 1]
+
+
+def run_name(trial: Trial, varying: list[str]) -> str:
+    """The MLflow run name: the method, then only the keys the sweep varies, short (``fedlga ρ0.9
+    ηl0.1 ηg1 s2``), so that the runs table tells configs apart within the width it shows."""
+    resolved = {"data.partition": trial.config.data.partition.model_dump()}   # its defaults filled in
+    parts = [short(k, resolved.get(k, trial.overrides[k])) for k in varying if k in trial.overrides and k != "seed"]
+    if "seed" in varying:
+        parts.append(short("seed", trial.seed))
+    return " ".join([trial.method, *parts])
 
 
 def _product(grid: dict[str, list]) -> list[dict[str, Any]]:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, Storage
-from fedsweep.sweep.spec import SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units, trial_table
+from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
+                                 run_name, trial_table, varying_keys)
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
@@ -44,7 +45,7 @@ REPORT_EVERY_S = 1.0
 # The sweep
 # ---------------------------------------------------------------------------------------------
 
-def _trial_payload(t: Trial, sweep: SweepConfig) -> dict:
+def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
     run = t.config.model_dump(mode="json")
     run["mlflow"]["enabled"] = False                       # the driver writes MLflow
     if run["device"] == "auto" and sweep.resources.gpu == 0:
@@ -55,7 +56,12 @@ def _trial_payload(t: Trial, sweep: SweepConfig) -> dict:
     if run["heterogeneity"].get("trace"):
         run["heterogeneity"]["trace"] = str(Path(run["heterogeneity"]["trace"]).resolve())
     return {"run": run, "method": t.method, "seed": t.seed, "config_id": t.config_id, "label": t.label,
-            "index": t.index}
+            "name": run_name(t, varying), "index": t.index}
+
+
+def _trial_payloads(trials: list[Trial], sweep: SweepConfig) -> list[dict]:
+    varying = varying_keys(trials)
+    return [_trial_payload(t, sweep, varying) for t in trials]
 
 
 def _current_trials_file(text: str | None) -> bool:
@@ -179,7 +185,7 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
     if not _current_trials_file(saved):
         raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
                           "of an older format); start it over with --restart")
-    changed = _changed_since_start(json.loads(saved), [_trial_payload(t, sweep) for t in trials],
+    changed = _changed_since_start(json.loads(saved), _trial_payloads(trials, sweep),
                                    pack_units(sweep, trials))
     if changed:
         raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
@@ -268,7 +274,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         store.write_text(STATE_FILE, json.dumps(state))
         parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
         store.write_text(STATE_FILE, json.dumps({**state, "parent_run_id": parent_id}))
-        payloads = [_trial_payload(t, sweep) for t in trials]
+        payloads = _trial_payloads(trials, sweep)
         store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units}))
         tuner = _new_tuner(sweep, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
     total = len(payloads)
@@ -299,6 +305,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     store.write_text(STATE_FILE, json.dumps(state))
     client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
     return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
+            "experiment_id": exp_id,
             "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
 
 
