@@ -147,7 +147,7 @@ def _dispatch(args) -> int:
         return 1 if result["unfinished"] else 4 if result.get("failed") or result.get("incomplete") else 0
     if args.command == "report":
         from fedsweep.report import write_report
-        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
+        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method, sampled_keys
         sweep = load_sweep(args.sweep)
         trials = expand(sweep, source=args.sweep)
         check_report(sweep, trials, source=args.sweep)
@@ -156,7 +156,7 @@ def _dispatch(args) -> int:
         path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
                             setting_keys=sweep.report.settings,
                             reference=reference_method(sweep, (t.method for t in trials)),
-                            relative_target=sweep.report.relative_target)
+                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep))
         print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
         return 0
     if args.command == "bench":

@@ -198,12 +198,12 @@ def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
 def test_what_changed_since_a_sweep_started(tmp_path):
     """What `--resume` compares: the saved trials against those the sweep file gives now."""
     from fedsweep.sweep.spec import pack_units
-    from fedsweep.sweep.tune import _changed_since_start, _trial_payload
+    from fedsweep.sweep.tune import _changed_since_start, _trial_payloads
 
     def state(**over):
         sweep = load_sweep(write_sweep(tmp_path / "c.yaml", "c", **over))
         trials = expand(sweep)
-        return json.loads(json.dumps({"trials": [_trial_payload(t, sweep) for t in trials],
+        return json.loads(json.dumps({"trials": _trial_payloads(trials, sweep),
                                       "units": pack_units(sweep, trials)}))
 
     saved = state()
@@ -328,7 +328,7 @@ def _driver_writer(tmp_path):
 
     from fedsweep.sweep.storage import Storage
     from fedsweep.runs.tracking import experiment_id
-    from fedsweep.sweep.tune import _trial_payload
+    from fedsweep.sweep.tune import _trial_payloads
     from fedsweep.sweep.callbacks import make_mlflow_callback
     sweep = load_sweep(write_sweep(tmp_path / "p.yaml", "p"))
     trials = expand(sweep)
@@ -336,7 +336,7 @@ def _driver_writer(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     exp = experiment_id(client, "p", uri)                       # its artifacts beside the store, as a sweep's
     parent = client.create_run(exp).info.run_id
-    payloads = [_trial_payload(t, sweep) for t in trials]
+    payloads = _trial_payloads(trials, sweep)
     writer = make_mlflow_callback(uri, exp, parent, "p", Storage(tmp_path / "storage" / "p"), payloads,
                                   [[t.index] for t in trials])
     return client, writer, payloads, Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
@@ -891,3 +891,61 @@ def test_the_mlflow_ui_shows_the_sweep_as_a_tree_of_distinct_runs(finished_sweep
         except subprocess.TimeoutExpired:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
+
+
+SEARCH = {"space": {"local.lr": {"loguniform": [0.01, 1.0]}}, "num_samples": 3, "seed": 0}
+
+
+def test_search_draws_the_same_configs_from_the_same_seed_and_a_budget_per_method(tmp_path):
+    from fedsweep.sweep.spec import samples
+    methods = {"fedavg": {}, "fedprox": {"algorithm.mu": {"loguniform": [0.001, 1.0]}}}
+    path = write_sweep(tmp_path / "s.yaml", "s", grid={}, methods=methods, search=SEARCH, seeds=[0, 1])
+    sweep = load_sweep(path)
+    trials = expand(sweep)
+    assert len(trials) == 2 * 3 * 2                                     # methods × num_samples × seeds
+    for method in ("fedavg", "fedprox"):
+        configs = {t.config_id for t in trials if t.method == method}
+        assert len(configs) == 3                                        # the same budget for each method
+        lrs = [t.config.local.lr for t in trials if t.method == method]
+        assert all(0.01 <= lr <= 1.0 for lr in lrs)
+    assert all("algorithm.mu" in t.overrides for t in trials if t.method == "fedprox")
+    assert not any("algorithm.mu" in t.overrides for t in trials if t.method == "fedavg")
+    assert [t.overrides for t in expand(load_sweep(path))] == [t.overrides for t in trials]   # same file, same draws
+    again = write_sweep(tmp_path / "t.yaml", "t", grid={}, methods={"fedavg": {}}, search=SEARCH, seeds=[0, 1])
+    assert samples(load_sweep(again), "fedavg") == samples(sweep, "fedavg")   # a method added: others unchanged
+    other = write_sweep(tmp_path / "u.yaml", "u", grid={}, methods=methods, search={**SEARCH, "seed": 1})
+    assert samples(load_sweep(other), "fedavg") != samples(sweep, "fedavg")
+
+
+@pytest.mark.parametrize("space,needle", [
+    ({"local.lr": {"loguniform": [0.0, 1.0]}}, "search.space.local.lr: loguniform takes [low, high] with 0 < low < high"),
+    ({"local.lr": {"normal": [0, 1]}}, "search.space.local.lr: a distribution is one of loguniform, uniform"),
+    ({"local.steps": {"randint": [1, 2.5]}}, "search.space.local.steps: randint takes [low, high], integers"),
+    ({"local.lr": {"quniform": [0.1, 1.0]}}, "search.space.local.lr: quniform takes [low, high, q]"),
+])
+def test_a_bad_distribution_is_one_line_naming_its_key(tmp_path, capsys, space, needle):
+    path = write_sweep(tmp_path / "b.yaml", "b", grid={}, search={**SEARCH, "space": space})
+    assert main(["tune", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_a_searched_sweep_runs_resumes_its_draws_and_reports_the_sampled_keys(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    methods = {"fedavg": {}, "fedprox": {"algorithm.mu": {"loguniform": [0.001, 1.0]}}}
+    path = write_sweep(tmp_path / "s.yaml", "s", grid={}, methods=methods, search=SEARCH, pack="seeds")
+    assert main(["tune", path, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "search: random, 3 configs per method (seed 0): local.lr ~ loguniform(0.01, 1.0); fedprox: " \
+           "algorithm.mu ~ loguniform(0.001, 1.0)" in printed
+    assert main(["tune", path]) == 0
+    client, runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "s")
+    assert len(runs) == 6 and len({r.info.run_name for r in runs}) == 6
+    assert all(r.info.run_name.startswith(("fedavg ηl", "fedprox ηl")) for r in runs), [r.info.run_name for r in runs]
+    # the same file resumes the same draws (a redraw would be refused as a changed sweep)
+    assert main(["tune", path, "--resume"]) == 0
+    assert main(["report", path]) == 0
+    report = tmp_path / "reports" / "s"
+    assert (report / "search.png").stat().st_size > 10_000
+    assert "## Sampled configs" in (report / "report.md").read_text()

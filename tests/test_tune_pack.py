@@ -38,9 +38,10 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
 
     client, runs = trial_runs(uri, "p")
     assert len(runs) == 8 and len({r.data.tags["fedsweep.pack"] for r in runs}) == 2
-    by_label = {r.info.run_name: r for r in runs}
+    from fedsweep.sweep.spec import run_name, varying_keys
+    by_name = {r.info.run_name: r for r in runs}
     for t in trials:
-        r = by_label[t.label]
+        r = by_name[run_name(t, varying_keys(trials))]
         assert r.data.params["seed"] == str(t.seed) and r.data.tags["fedsweep.config_id"] == t.config_id
         assert r.data.params["engine"] == "auto" and r.data.params["engine_used"] == "vectorized"
         assert {"config.yaml", "metrics.csv", "curves.png", "summary.json"} <= \

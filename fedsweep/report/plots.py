@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -268,3 +269,35 @@ def weights_figures(best: pd.DataFrame, runs: _Runs, out: Path, max_rows: int = 
 # ---------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------
+
+
+def search_png(configs: pd.DataFrame, keys: Sequence[str], path: Path, title: str = "") -> Path:
+    """Where the good region is: one panel per sampled key, a point per config (its mean best test
+    accuracy over seeds against the key's value), coloured by method; a log axis where the values
+    span more than a factor of 20 (as loguniform draws do)."""
+    from fedsweep.runs.plots import plt, save_figure
+    keys = [k for k in keys if f"param:{k}" in configs]
+    colors = _colors(configs["method"].unique())
+    from matplotlib.ticker import NullFormatter
+    fig, axes = _panel_grid(len(keys))
+    for ax, key in zip(axes.flat, keys):
+        for method, rows in configs.groupby("method"):
+            x = pd.to_numeric(rows[f"param:{key}"], errors="coerce")
+            if x.notna().any():
+                ax.scatter(x, rows["acc_mean"], s=22, color=colors[method], label=method, alpha=0.85)
+        values = pd.to_numeric(configs[f"param:{key}"], errors="coerce").dropna()
+        if len(values) and values.min() > 0 and values.max() / values.min() > 20:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())   # decades only: the minor labels overlap
+        ax.set(xlabel=key, title=short(key, "").strip() or key)
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("best test accuracy (mean over seeds)")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    seen = {}                                  # one entry per method, whichever panel drew it
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    axes[0, 0].legend(list(seen.values()), list(seen), fontsize=7, loc="lower right")
+    return save_figure(fig, path, title or "each sampled config: best test accuracy against the sampled keys")

@@ -181,6 +181,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
             "diverged": int((g["status"] == "diverged").sum()),
             "statuses": ", ".join(f"{k} {v}" for k, v in g["status"].value_counts().sort_index().items()),
             "run_ids": list(s["run_id"]),
+            **{f"param:{k}": first[k] for k in tuned},     # for the plots against sampled keys
         })
     table = pd.DataFrame(rows)
     if selection_rule(trials) == "target":

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, settings_curves_png,
+from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_png, settings_curves_png,
                                    weights_figures)
 from fedsweep.report.tables import _all_table, _best_table, _markdown, _rounds_table
 from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs,
@@ -17,7 +17,7 @@ from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_val
 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
-                 relative_target: float | None = None) -> Path:
+                 relative_target: float | None = None, sampled_keys: Sequence[str] = ()) -> Path:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``, when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
     ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
@@ -66,6 +66,8 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         settings_curves_png(best, runs, out / "settings_curves.png", reference,
                             title=f"{sweep}: each method across {', '.join(settings)}")
     weight_figures = weights_figures(best, runs, out)
+    if sampled_keys:
+        search_png(configs, sampled_keys, out / "search.png", title=f"{sweep}: each sampled config")
     trials.to_csv(out / "trials.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
@@ -118,6 +120,10 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         ]
     if several:
         lines += ["![each method across settings](settings_curves.png)", ""]
+    if sampled_keys:
+        lines += ["## Sampled configs", "", "Each sampled config's mean best test accuracy over its seeds against "
+                  "the keys `search:` draws, one panel a key (the best config per method is in the tables above).",
+                  "", "![each sampled config](search.png)", ""]
     if weight_figures:
         lines += ["## Aggregation weights", "",
                   "For each method that records per-client weights (loss-aware aggregation), its best config "

@@ -9,7 +9,9 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +66,25 @@ class ReportConfig(_Strict):
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
 
 
+DISTRIBUTIONS = ("loguniform", "uniform", "quniform", "randint", "choice")
+
+
+class SearchConfig(_Strict):
+    space: dict[str, dict[str, list[Any]]] = Field(
+        default_factory=dict, description="Dotted keys -> a distribution, each key drawn anew for every sample: "
+        "`{loguniform: [low, high]}` (0 < low < high), `{uniform: [low, high]}`, `{quniform: [low, high, q]}` "
+        "(multiples of q), `{randint: [low, high]}` (an integer, high excluded), `{choice: [v1, v2, ...]}`. "
+        "A method may add its own keys: a distribution in place of a list in its `methods:` entry.")
+    num_samples: int = Field(
+        ..., ge=1, description="Configs drawn per method: every method gets the same number of tries (each is "
+        "crossed with `grid`, the method's own grid and every seed).")
+    searcher: Literal["random"] = Field(
+        "random", description="How configs are drawn: `random`, from `seed`, before any trial runs, so the same "
+        "file draws the same configs and `--resume` runs the ones it drew.")
+    seed: int = Field(0, description="The draws' seed; each method's draws derive from it and the method's "
+                      "name, so adding a method leaves the others' draws as they were.")
+
+
 class SweepConfig(_Strict):
     name: str | None = Field(
         None, description="Sweep name (default: the file name without .yaml): one path component of letters, "
@@ -71,8 +92,12 @@ class SweepConfig(_Strict):
         "its lock and its MLflow experiment).")
     base: dict[str, Any] = Field(default_factory=dict, description="A full run config.")
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted keys -> values, crossed.")
-    methods: dict[str, dict[str, list[Any]]] | None = Field(
-        None, description="Algorithm name -> its own grid, crossed with `grid`.")
+    methods: dict[str, dict[str, list[Any] | dict[str, list[Any]]]] | None = Field(
+        None, description="Algorithm name -> its own grid, crossed with `grid` (a list of values per key), and "
+        "with `search:` its own sampled keys (a distribution per key, as in `search.space`).")
+    search: SearchConfig | None = Field(
+        None, description="Sampled configs beside the grid: a distribution per key and a budget per method "
+        "(docs/sweeps.md, Search).")
     seeds: list[int] | None = Field(
         None, min_length=1, description="Repeats of every config (default: [base.seed]); not empty.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -97,7 +122,7 @@ class SweepConfig(_Strict):
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "allowed: 1-100 letters, digits, '.', '_' and '-', starting with a letter or digit"
 
-register_models(SweepConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
+register_models(SweepConfig, SearchConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
 
 
 @dataclass
@@ -176,29 +201,86 @@ def load_sweep(path: str | Path) -> SweepConfig:
     return sweep
 
 
+def check_distribution(where: str, dist: dict[str, list[Any]]) -> tuple[str, list[Any]]:
+    """``(kind, args)`` of one distribution, or a ConfigError naming ``where`` and what is allowed."""
+    if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+        raise ConfigError(f"{where}: a distribution is one of {', '.join(DISTRIBUTIONS)} with its arguments, "
+                          f"e.g. {{loguniform: [0.01, 1.0]}}; got {dist}")
+    kind, args = next(iter(dist.items()))
+    numbers = all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
+    rule = {"loguniform": (len(args) == 2 and numbers and 0 < args[0] < args[1], "[low, high] with 0 < low < high"),
+            "uniform": (len(args) == 2 and numbers and args[0] < args[1], "[low, high] with low < high"),
+            "quniform": (len(args) == 3 and numbers and args[0] < args[1] and args[2] > 0,
+                         "[low, high, q] with low < high and q > 0"),
+            "randint": (len(args) == 2 and all(isinstance(a, int) for a in args) and args[0] < args[1],
+                        "[low, high], integers, low < high (high excluded)"),
+            "choice": (len(args) >= 1, "a non-empty list of values")}[kind]
+    if not rule[0]:
+        raise ConfigError(f"{where}: {kind} takes {rule[1]}; got {args}")
+    return kind, args
+
+
+def _draw(rng, kind: str, args: list[Any]):
+    """One value; continuous draws keep 4 significant digits (a learning rate of 0.01234, not 0.0123400912)."""
+    if kind == "choice":
+        return args[int(rng.integers(len(args)))]
+    if kind == "randint":
+        return int(rng.integers(args[0], args[1]))
+    if kind == "loguniform":
+        value = math.exp(rng.uniform(math.log(args[0]), math.log(args[1])))
+    else:
+        value = rng.uniform(args[0], args[1])
+    if kind == "quniform":
+        return round(round(value / args[2]) * args[2], 10)
+    return float(f"{value:.4g}")
+
+
+def samples(sweep: SweepConfig, method: str) -> list[dict[str, Any]]:
+    """The configs ``search:`` draws for ``method``: ``num_samples`` dicts of its space's keys (the sweep's
+    space and the method's own), from a generator seeded by ``search.seed`` and the method's name."""
+    own = {k: v for k, v in ((sweep.methods or {}).get(method) or {}).items() if isinstance(v, dict)}
+    if sweep.search is None:
+        if own:
+            raise ConfigError(f"methods.{method}.{next(iter(own))}: a distribution needs a `search:` section "
+                              "(its num_samples)")
+        return [{}]
+    space = {**sweep.search.space, **own}
+    checked = {k: check_distribution(f"search.space.{k}" if k not in own else f"methods.{method}.{k}", d)
+               for k, d in space.items()}
+    import numpy as np
+    rng = np.random.default_rng([sweep.search.seed, zlib.crc32(method.encode())])
+    return [{k: _draw(rng, *checked[k]) for k in sorted(checked)} for _ in range(sweep.search.num_samples)]
+
+
 def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
-    """Every trial, validated: product(grid) × (method × product(method grid)) × seeds."""
+    """Every trial, validated: product(grid) × (method × product(method grid) × its search samples) × seeds."""
     base_algo = dict(sweep.base.get("algorithm") or {})
     base_name = base_algo.get("name", "fedavg")
     methods = sweep.methods or {base_name: {}}
     seeds = sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))]
     trials: list[Trial] = []
-    for method, method_grid in methods.items():
+    for method, method_spec in methods.items():
+        method_grid = {k: v for k, v in (method_spec or {}).items() if isinstance(v, list)}
+        try:
+            drawn = samples(sweep, method)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
         for point in _product(sweep.grid):
             for method_point in _product(method_grid):
-                for seed in seeds:
-                    overrides = {"algorithm.name": method, **point, **method_point, "seed": seed}
-                    raw = copy.deepcopy(sweep.base)
-                    if method != base_name:
-                        # base's algorithm-specific keys belong to base's algorithm only
-                        raw["algorithm"] = {k: v for k, v in base_algo.items() if k in ("weighting",)}
-                    for key, value in overrides.items():
-                        set_dotted(raw, key, value)
-                    try:
-                        cfg = build_config(raw)
-                    except ConfigError as e:
-                        raise ConfigError(f"{source}: {e}") from None
-                    trials.append(Trial(len(trials), method, seed, overrides, cfg))
+                for sample in drawn:
+                    for seed in seeds:
+                        overrides = {"algorithm.name": method, **point, **method_point, **sample, "seed": seed}
+                        raw = copy.deepcopy(sweep.base)
+                        if method != base_name:
+                            # base's algorithm-specific keys belong to base's algorithm only
+                            raw["algorithm"] = {k: v for k, v in base_algo.items() if k in ("weighting",)}
+                        for key, value in overrides.items():
+                            set_dotted(raw, key, value)
+                        try:
+                            cfg = build_config(raw)
+                        except ConfigError as e:
+                            raise ConfigError(f"{source}: {e}") from None
+                        trials.append(Trial(len(trials), method, seed, overrides, cfg))
     return trials
 
 
@@ -324,6 +406,31 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
 def reference_method(sweep: SweepConfig, methods) -> str | None:
     """``report.reference``, else ``fedavg`` if among ``methods``, else None."""
     return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)
+
+
+def sampled_keys(sweep: SweepConfig) -> list[str]:
+    """The keys ``search:`` draws, the sweep's and the methods' own, in order."""
+    if sweep.search is None:
+        return []
+    keys = list(sweep.search.space)
+    for spec in (sweep.methods or {}).values():
+        keys += [k for k, v in (spec or {}).items() if isinstance(v, dict) and k not in keys]
+    return keys
+
+
+def search_summary(sweep: SweepConfig) -> str:
+    """The sampled space and its budget in one line: ``search: random, 8 configs per method (seed 0):
+    local.lr ~ loguniform(0.01, 1); fedprox: algorithm.mu ~ loguniform(0.001, 1)``."""
+    search = sweep.search
+    spaces = [", ".join(f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in search.space.items()
+                        for kind, args in d.items())] if search.space else []
+    for method, spec in (sweep.methods or {}).items():
+        own = [f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in (spec or {}).items() if isinstance(d, dict)
+               for kind, args in d.items()]
+        if own:
+            spaces.append(f"{method}: " + ", ".join(own))
+    return (f"search: {search.searcher}, {search.num_samples} configs per method (seed {search.seed})"
+            + (": " + "; ".join(spaces) if spaces else ""))
 
 
 def trial_table(trials: list[Trial]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, Storage
 from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
-                                 run_name, trial_table, varying_keys)
+                                 run_name, search_summary, trial_table, varying_keys)
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
@@ -137,6 +137,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         units = pack_units(sweep, trials)
         packs = f" in {len(units)} packs of up to {max(map(len, units))}" if len(units) < len(trials) else ""
         print(f"{sweep.name}: {len(trials)} trials{packs}", file=out)
+        if sweep.search is not None:
+            print(search_summary(sweep), file=out)
         print(trial_table(trials), file=out)
         return {"trials": len(trials)}
 
@@ -371,7 +373,8 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
     log_params(client, run.info.run_id, {
         "sweep.trials": len(trials), "sweep.seeds": sweep.seeds,
         "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,
-        "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()}})
+        "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
+        **({"sweep.search": search_summary(sweep)} if sweep.search is not None else {})})
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))
