@@ -87,7 +87,7 @@ def test_run_writes_json_and_mlflow(tmp_path, tmp_mlflow, capsys):
 def test_an_experiment_made_before_is_tagged_for_the_runs_view_on_its_next_use(tmp_path, tmp_mlflow):
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=tmp_mlflow)
-    exp_id = client.create_experiment("older")                       # as an older fedsweep made it
+    exp_id = client.create_experiment("older", artifact_location=(tmp_path / "art").as_uri())   # an older fedsweep's
     assert "mlflow.experimentKind" not in client.get_experiment(exp_id).tags
     raw = tiny_raw(rounds=1, mlflow={"experiment": "older"})
     assert main(["run", write(tmp_path, raw), "--quiet"]) == 0
