@@ -269,7 +269,7 @@ def test_settings_curves_only_when_a_setting_varies(store_target, tmp_path):
 
 
 def test_never_reached_cell(store_target, tmp_path):
-    from fedsweep.report import _rounds_table
+    from fedsweep.report.tables import _rounds_table
     best = best_configs(config_table(load_trials(store_target, EXPERIMENT, SWEEP)))
     best.loc[best["method"] == "fedavg", "reached"] = 0
     table = _rounds_table(best, "fedavg")

@@ -5,7 +5,6 @@ made is its docstring), ``tables`` writes the markdown tables, ``plots`` the fig
 report's files. The names below are the package's interface.
 """
 from fedsweep.report.plots import accuracy_curves_png, rounds_to_target_png, settings_curves_png, weights_png
-from fedsweep.report.tables import _rounds_table  # noqa: F401  (tests read it)
 from fedsweep.report.trials import best_configs, config_table, load_trials, relative_targets, selection_rule
 from fedsweep.report.write import write_report
 

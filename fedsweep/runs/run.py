@@ -418,11 +418,9 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
         with tempfile.TemporaryDirectory() as tmp:
             write_artifacts(cfg, module, summary, Path(tmp))
-            run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri,
-                             params={"engine_used": module.engine_name})
+            experiment_id, run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri,
+                                            params={"engine_used": module.engine_name})
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
-        from mlflow import MlflowClient
-        experiment_id = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
               f"open it with:  {ui_command(uri)}\n"
               f"    and open:  {ui_url(experiment_id, run_id)}", file=out)

@@ -302,8 +302,8 @@ def run_tags(summary: dict) -> dict[str, str]:
 
 
 def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: Path,
-            uri: str | None = None, tags: dict | None = None, params: dict | None = None) -> str:
-    """Write one finished run to MLflow; returns its run id."""
+            uri: str | None = None, tags: dict | None = None, params: dict | None = None) -> tuple[str, str]:
+    """Write one finished run to MLflow; returns its experiment's id and its run id."""
     import time
 
     from mlflow.entities import RunTag
@@ -322,7 +322,7 @@ def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: P
     client.log_batch(rid, tags=[RunTag("fedsweep.algorithm", cfg.algorithm.name)])
     client.log_artifacts(rid, str(artifacts_dir))
     client.set_terminated(rid, status=MLFLOW_STATUS.get(summary.get("status", "finished"), "FAILED"))
-    return rid
+    return exp_id, rid
 
 
 def log_params(client, run_id: str, params: dict) -> None:

@@ -235,10 +235,19 @@ def _draw(rng, kind: str, args: list[Any]):
     return float(f"{value:.4g}")
 
 
+def _own_space(sweep: SweepConfig, method: str) -> dict[str, dict[str, list[Any]]]:
+    """The keys ``method``'s ``methods:`` entry samples: those given a distribution, not a list."""
+    return {k: v for k, v in ((sweep.methods or {}).get(method) or {}).items() if isinstance(v, dict)}
+
+
+def _spaces_text(space: dict[str, dict[str, list[Any]]]) -> str:
+    return ", ".join(f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in space.items() for kind, args in d.items())
+
+
 def samples(sweep: SweepConfig, method: str) -> list[dict[str, Any]]:
     """The configs ``search:`` draws for ``method``: ``num_samples`` dicts of its space's keys (the sweep's
     space and the method's own), from a generator seeded by ``search.seed`` and the method's name."""
-    own = {k: v for k, v in ((sweep.methods or {}).get(method) or {}).items() if isinstance(v, dict)}
+    own = _own_space(sweep, method)
     if sweep.search is None:
         if own:
             raise ConfigError(f"methods.{method}.{next(iter(own))}: a distribution needs a `search:` section "
@@ -413,8 +422,8 @@ def sampled_keys(sweep: SweepConfig) -> list[str]:
     if sweep.search is None:
         return []
     keys = list(sweep.search.space)
-    for spec in (sweep.methods or {}).values():
-        keys += [k for k, v in (spec or {}).items() if isinstance(v, dict) and k not in keys]
+    for method in sweep.methods or {}:
+        keys += [k for k in _own_space(sweep, method) if k not in keys]
     return keys
 
 
@@ -422,13 +431,9 @@ def search_summary(sweep: SweepConfig) -> str:
     """The sampled space and its budget in one line: ``search: random, 8 configs per method (seed 0):
     local.lr ~ loguniform(0.01, 1); fedprox: algorithm.mu ~ loguniform(0.001, 1)``."""
     search = sweep.search
-    spaces = [", ".join(f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in search.space.items()
-                        for kind, args in d.items())] if search.space else []
-    for method, spec in (sweep.methods or {}).items():
-        own = [f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in (spec or {}).items() if isinstance(d, dict)
-               for kind, args in d.items()]
-        if own:
-            spaces.append(f"{method}: " + ", ".join(own))
+    spaces = [_spaces_text(search.space)] if search.space else []
+    spaces += [f"{method}: {_spaces_text(own)}" for method in sweep.methods or {}
+               if (own := _own_space(sweep, method))]
     return (f"search: {search.searcher}, {search.num_samples} configs per method (seed {search.seed})"
             + (": " + "; ".join(spaces) if spaces else ""))
 

@@ -255,7 +255,6 @@ def _close_superseded(client, state: dict) -> None:
 
 def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
     """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
-    from ray import tune
     store = root.child(sweep.name)
     if resume:
         state = json.loads(store.read_text(STATE_FILE))
@@ -263,8 +262,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         saved = json.loads(store.read_text(TRIALS_FILE))
         payloads, units = saved["trials"], saved["units"]
         client.set_terminated(parent_id, status="RUNNING")
-        tuner = tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store, state.get("sweep_id")),
-                                   resume_errored=True, storage_filesystem=store.fs)
+        tuner = _restored_tuner(sweep, payloads, units, store, state.get("sweep_id"))
     else:
         units = pack_units(sweep, trials)
         # The state file first: from here on the folder is known as this sweep's (`--restart` may
@@ -296,9 +294,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
             # go on is in the storage, so the sweep continues as `--resume` would, in this process.
             print("[sweep] Ray Tune stopped: a trial's result was lost with its node; continuing from "
                   "the trials' checkpoints, as --resume would", file=sys.stderr)
-            tuner = tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store,
-                                                                        state.get("sweep_id")),
-                                       resume_errored=True, storage_filesystem=store.fs)
+            tuner = _restored_tuner(sweep, payloads, units, store, state.get("sweep_id"))
     interrupted = _close_interrupted(client, exp_id, parent_id)
     counts = _outcomes(client, exp_id, parent_id)
     unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
@@ -318,6 +314,15 @@ def _lost_with_its_node(error: RuntimeError) -> bool:
     """Ray Tune's "Caught unexpected exception" around a result object that died with its node."""
     from ray.exceptions import ObjectLostError
     return isinstance(error.__cause__, ObjectLostError)
+
+
+def _restored_tuner(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
+                    sweep_id: str | None):
+    """Tune's run of the sweep from its experiment state in the storage (``--resume``, or after a
+    result lost with its node): finished trials stay finished, the others continue from their checkpoints."""
+    from ray import tune
+    return tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store, sweep_id),
+                              resume_errored=True, storage_filesystem=store.fs)
 
 
 def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
