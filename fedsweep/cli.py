@@ -147,7 +147,8 @@ def _dispatch(args) -> int:
         return 1 if result["unfinished"] else 4 if result.get("failed") or result.get("incomplete") else 0
     if args.command == "report":
         from fedsweep.report import write_report
-        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method, sampled_keys
+        from fedsweep.sweep.search import sampled_keys
+        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
         sweep = load_sweep(args.sweep)
         trials = expand(sweep, source=args.sweep)
         check_report(sweep, trials, source=args.sweep)

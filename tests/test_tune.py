@@ -805,7 +805,7 @@ def test_run_names_show_the_keys_a_sweep_varies_in_short(tmp_path):
 
 
 def test_ray_messages_on_the_terminal_are_one_short_line():
-    from fedsweep.sweep.callbacks import short_cause
+    from fedsweep.sweep.progress import short_cause
     from fedsweep.sweep.cluster import raylet_line
     dead = ("The node with node id: aadb5b8617f5dc7be6c1d45171e4cd2f506604afe838b9d218913efc and address: "
             "127.0.0.3 and node name: 127.0.0.3 has been marked dead because the detector has missed too many "
@@ -897,7 +897,7 @@ SEARCH = {"space": {"local.lr": {"loguniform": [0.01, 1.0]}}, "num_samples": 3, 
 
 
 def test_search_draws_the_same_configs_from_the_same_seed_and_a_budget_per_method(tmp_path):
-    from fedsweep.sweep.spec import samples
+    from fedsweep.sweep.search import samples
     methods = {"fedavg": {}, "fedprox": {"algorithm.mu": {"loguniform": [0.001, 1.0]}}}
     path = write_sweep(tmp_path / "s.yaml", "s", grid={}, methods=methods, search=SEARCH, seeds=[0, 1])
     sweep = load_sweep(path)

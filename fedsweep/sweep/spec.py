@@ -9,9 +9,7 @@ import copy
 import hashlib
 import itertools
 import json
-import math
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,11 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedsweep.config.names import short
 from fedsweep.config.schema import (ConfigError, RunConfig, build_config, format_validation_error, load_yaml,
                              register_models, set_dotted)
+from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
 
 #: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
-#: scheduler may read; ``round`` is reported too, as the scheduler's time axis.
-TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy")
+#: scheduler or a searcher may read; ``round`` is reported too, as the scheduler's time axis.
+#: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1.
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target")
 
 
 class _Strict(BaseModel):
@@ -64,25 +64,6 @@ class ReportConfig(_Strict):
     relative_target: float | None = Field(
         None, gt=0, le=1, description="Count rounds to this fraction of the reference method's final accuracy "
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
-
-
-DISTRIBUTIONS = ("loguniform", "uniform", "quniform", "randint", "choice")
-
-
-class SearchConfig(_Strict):
-    space: dict[str, dict[str, list[Any]]] = Field(
-        default_factory=dict, description="Dotted keys -> a distribution, each key drawn anew for every sample: "
-        "`{loguniform: [low, high]}` (0 < low < high), `{uniform: [low, high]}`, `{quniform: [low, high, q]}` "
-        "(multiples of q), `{randint: [low, high]}` (an integer, high excluded), `{choice: [v1, v2, ...]}`. "
-        "A method may add its own keys: a distribution in place of a list in its `methods:` entry.")
-    num_samples: int = Field(
-        ..., ge=1, description="Configs drawn per method: every method gets the same number of tries (each is "
-        "crossed with `grid`, the method's own grid and every seed).")
-    searcher: Literal["random"] = Field(
-        "random", description="How configs are drawn: `random`, from `seed`, before any trial runs, so the same "
-        "file draws the same configs and `--resume` runs the ones it drew.")
-    seed: int = Field(0, description="The draws' seed; each method's draws derive from it and the method's "
-                      "name, so adding a method leaves the others' draws as they were.")
 
 
 class SweepConfig(_Strict):
@@ -132,6 +113,11 @@ class Trial:
     seed: int
     overrides: dict[str, Any]   # the dotted keys this trial sets on top of `base` (seed included)
     config: RunConfig
+    # `searcher: optuna`: the keys drawn when the trial starts (at a placeholder until then), its study
+    # (method and grid point) and which of the study's configs it is
+    sampled: tuple[str, ...] = ()
+    study: str = ""
+    sample: int = 0
 
     @property
     def config_id(self) -> str:
@@ -141,7 +127,8 @@ class Trial:
 
     @property
     def label(self) -> str:
-        varying = [f"{k}={v}" for k, v in self.overrides.items() if k not in ("seed", "algorithm.name")]
+        varying = [f"{k}={'~' if k in self.sampled else v}" for k, v in self.overrides.items()
+                   if k not in ("seed", "algorithm.name")]
         return " ".join([self.method, *varying, f"seed={self.seed}"])
 
 
@@ -152,7 +139,8 @@ def varying_keys(trials: list[Trial]) -> list[str]:
     for t in trials:
         for key, value in t.overrides.items():
             values.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
-    return [k for k, v in values.items() if k != "algorithm.name" and len(v) > 1]
+    drawn = {k for t in trials for k in t.sampled}   # one placeholder value each until drawn
+    return [k for k, v in values.items() if k != "algorithm.name" and (len(v) > 1 or k in drawn)]
 
 
 def run_name(trial: Trial, varying: list[str]) -> str:
@@ -198,99 +186,94 @@ def load_sweep(path: str | Path) -> SweepConfig:
         # Ray would only refuse it in every trial, after the sweep has started
         raise ConfigError(f"{path}: scheduler.metric: {sweep.scheduler.metric!r} is not a metric trials report; "
                           f"allowed: {', '.join(TUNE_METRICS)}")
+    if sweep.search is not None:
+        _check_searcher(sweep, path)
     return sweep
 
 
-def check_distribution(where: str, dist: dict[str, list[Any]]) -> tuple[str, list[Any]]:
-    """``(kind, args)`` of one distribution, or a ConfigError naming ``where`` and what is allowed."""
-    if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
-        raise ConfigError(f"{where}: a distribution is one of {', '.join(DISTRIBUTIONS)} with its arguments, "
-                          f"e.g. {{loguniform: [0.01, 1.0]}}; got {dist}")
-    kind, args = next(iter(dist.items()))
-    numbers = all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
-    rule = {"loguniform": (len(args) == 2 and numbers and 0 < args[0] < args[1], "[low, high] with 0 < low < high"),
-            "uniform": (len(args) == 2 and numbers and args[0] < args[1], "[low, high] with low < high"),
-            "quniform": (len(args) == 3 and numbers and args[0] < args[1] and args[2] > 0,
-                         "[low, high, q] with low < high and q > 0"),
-            "randint": (len(args) == 2 and all(isinstance(a, int) for a in args) and args[0] < args[1],
-                        "[low, high], integers, low < high (high excluded)"),
-            "choice": (len(args) >= 1, "a non-empty list of values")}[kind]
-    if not rule[0]:
-        raise ConfigError(f"{where}: {kind} takes {rule[1]}; got {args}")
-    return kind, args
+def _check_searcher(sweep: SweepConfig, path) -> None:
+    """What ``searcher: optuna`` needs, before anything runs: a metric the trials report, no packs
+    (a pack's configs are fixed before any trial starts, and optuna draws each when its trial starts)
+    and the optuna package; and no optuna-only keys for ``random``."""
+    search = sweep.search
+    if search.searcher == "random":
+        given = sorted(search.model_fields_set & {"metric", "mode", "random_first"})
+        if given:
+            raise ConfigError(f"{path}: search.{given[0]}: only `searcher: optuna` learns from results; "
+                              "`random` draws every config before any trial runs (remove it, or use optuna)")
+        return
+    if search.metric not in TUNE_METRICS:
+        raise ConfigError(f"{path}: search.metric: {search.metric!r} is not a metric trials report; "
+                          f"allowed: {', '.join(TUNE_METRICS)}")
+    if search.metric == "rounds_to_target" and (sweep.base.get("eval") or {}).get("target_accuracy") is None:
+        raise ConfigError(f"{path}: search.metric: rounds_to_target needs base.eval.target_accuracy")
+    if sweep.pack not in (None, 1):
+        raise ConfigError(f"{path}: pack: optuna draws each config when its trial starts, and a pack's configs "
+                          "are fixed before any trial does; remove `pack`, or use `searcher: random`")
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{path}: search.searcher: optuna needs the optuna package, not installed here: "
+                          "pip install 'fedsweep[optuna]'") from None
 
 
-def _draw(rng, kind: str, args: list[Any]):
-    """One value; continuous draws keep 4 significant digits (a learning rate of 0.01234, not 0.0123400912)."""
-    if kind == "choice":
-        return args[int(rng.integers(len(args)))]
-    if kind == "randint":
-        return int(rng.integers(args[0], args[1]))
-    if kind == "loguniform":
-        value = math.exp(rng.uniform(math.log(args[0]), math.log(args[1])))
-    else:
-        value = rng.uniform(args[0], args[1])
-    if kind == "quniform":
-        return round(round(value / args[2]) * args[2], 10)
-    return float(f"{value:.4g}")
-
-
-def _own_space(sweep: SweepConfig, method: str) -> dict[str, dict[str, list[Any]]]:
-    """The keys ``method``'s ``methods:`` entry samples: those given a distribution, not a list."""
-    return {k: v for k, v in ((sweep.methods or {}).get(method) or {}).items() if isinstance(v, dict)}
-
-
-def _spaces_text(space: dict[str, dict[str, list[Any]]]) -> str:
-    return ", ".join(f"{k} ~ {kind}({', '.join(map(str, args))})" for k, d in space.items() for kind, args in d.items())
-
-
-def samples(sweep: SweepConfig, method: str) -> list[dict[str, Any]]:
-    """The configs ``search:`` draws for ``method``: ``num_samples`` dicts of its space's keys (the sweep's
-    space and the method's own), from a generator seeded by ``search.seed`` and the method's name."""
-    own = _own_space(sweep, method)
-    if sweep.search is None:
-        if own:
-            raise ConfigError(f"methods.{method}.{next(iter(own))}: a distribution needs a `search:` section "
-                              "(its num_samples)")
-        return [{}]
-    space = {**sweep.search.space, **own}
-    checked = {k: check_distribution(f"search.space.{k}" if k not in own else f"methods.{method}.{k}", d)
-               for k, d in space.items()}
-    import numpy as np
-    rng = np.random.default_rng([sweep.search.seed, zlib.crc32(method.encode())])
-    return [{k: _draw(rng, *checked[k]) for k in sorted(checked)} for _ in range(sweep.search.num_samples)]
+def _build(sweep: SweepConfig, method: str, overrides: dict[str, Any], source: str) -> RunConfig:
+    """``base`` with ``overrides`` set, validated; base's algorithm-specific keys belong to base's algorithm."""
+    base_algo = dict(sweep.base.get("algorithm") or {})
+    raw = copy.deepcopy(sweep.base)
+    if method != base_algo.get("name", "fedavg"):
+        raw["algorithm"] = {k: v for k, v in base_algo.items() if k in ("weighting",)}
+    for key, value in overrides.items():
+        set_dotted(raw, key, value)
+    try:
+        return build_config(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
-    """Every trial, validated: product(grid) × (method × product(method grid) × its search samples) × seeds."""
-    base_algo = dict(sweep.base.get("algorithm") or {})
-    base_name = base_algo.get("name", "fedavg")
-    methods = sweep.methods or {base_name: {}}
+    """Every trial, validated: product(grid) × (method × product(method grid) × its search samples) × seeds.
+    With ``searcher: optuna`` a sampled key is validated at each end of its distribution (every choice),
+    as a drawn value is known only once its trial starts."""
+    methods = sweep.methods or {(sweep.base.get("algorithm") or {}).get("name", "fedavg"): {}}
     seeds = sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))]
+    later = sweep.search is not None and sweep.search.searcher == "optuna"
     trials: list[Trial] = []
     for method, method_spec in methods.items():
         method_grid = {k: v for k, v in (method_spec or {}).items() if isinstance(v, list)}
         try:
-            drawn = samples(sweep, method)
+            space, drawn = method_space(sweep, method), samples(sweep, method)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
         for point in _product(sweep.grid):
             for method_point in _product(method_grid):
-                for sample in drawn:
+                study = " ".join([method, *(f"{k}={v}" for k, v in {**point, **method_point}.items())])
+                for number, sample in enumerate(drawn):
                     for seed in seeds:
                         overrides = {"algorithm.name": method, **point, **method_point, **sample, "seed": seed}
-                        raw = copy.deepcopy(sweep.base)
-                        if method != base_name:
-                            # base's algorithm-specific keys belong to base's algorithm only
-                            raw["algorithm"] = {k: v for k, v in base_algo.items() if k in ("weighting",)}
-                        for key, value in overrides.items():
-                            set_dotted(raw, key, value)
-                        try:
-                            cfg = build_config(raw)
-                        except ConfigError as e:
-                            raise ConfigError(f"{source}: {e}") from None
-                        trials.append(Trial(len(trials), method, seed, overrides, cfg))
+                        cfg = _build(sweep, method, overrides, source)
+                        trials.append(Trial(len(trials), method, seed, overrides, cfg, tuple(space) if later else (),
+                                            study if later else "", number))
+        if later:   # the other ends of each distribution, on the method's first trial
+            first = next(t for t in trials if t.method == method)
+            for key, dist in space.items():
+                for value in extremes(*dist)[1:]:
+                    _build(sweep, method, {**first.overrides, key: value}, source)
     return trials
+
+
+def drawn_payload(payload: dict, values: dict[str, Any] | None) -> dict:
+    """A trial's payload (sweep/tune.py) with the values ``searcher: optuna`` drew for it (``values``,
+    from its Tune trial's config) in its config, config id, label and run name; as it is without."""
+    if not values or payload.get("drawn") == values:
+        return payload
+    overrides = {**payload["overrides"], **values}
+    run = copy.deepcopy(payload["run"])
+    for key, value in values.items():
+        set_dotted(run, key, value)
+    trial = Trial(payload["index"], payload["method"], payload["seed"], overrides, RunConfig(**run))
+    return {**payload, "run": run, "drawn": values, "config_id": trial.config_id, "label": trial.label,
+            "name": run_name(trial, payload["varying"])}
 
 
 # Data keys packed configs may set apart: they only change which samples are whose.
@@ -417,32 +400,12 @@ def reference_method(sweep: SweepConfig, methods) -> str | None:
     return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)
 
 
-def sampled_keys(sweep: SweepConfig) -> list[str]:
-    """The keys ``search:`` draws, the sweep's and the methods' own, in order."""
-    if sweep.search is None:
-        return []
-    keys = list(sweep.search.space)
-    for method in sweep.methods or {}:
-        keys += [k for k in _own_space(sweep, method) if k not in keys]
-    return keys
-
-
-def search_summary(sweep: SweepConfig) -> str:
-    """The sampled space and its budget in one line: ``search: random, 8 configs per method (seed 0):
-    local.lr ~ loguniform(0.01, 1); fedprox: algorithm.mu ~ loguniform(0.001, 1)``."""
-    search = sweep.search
-    spaces = [_spaces_text(search.space)] if search.space else []
-    spaces += [f"{method}: {_spaces_text(own)}" for method in sweep.methods or {}
-               if (own := _own_space(sweep, method))]
-    return (f"search: {search.searcher}, {search.num_samples} configs per method (seed {search.seed})"
-            + (": " + "; ".join(spaces) if spaces else ""))
-
-
 def trial_table(trials: list[Trial]) -> str:
     """The trials as an aligned text table (``fedsweep tune --dry-run``)."""
     keys = sorted({k for t in trials for k in t.overrides if k not in ("seed", "algorithm.name")})
     header = ["#", "method", *keys, "seed", "config_id"]
-    rows = [[str(t.index), t.method, *[str(t.overrides.get(k, "")) for k in keys], str(t.seed), t.config_id]
+    cell = lambda t, k: "~" if k in t.sampled else str(t.overrides.get(k, ""))  # noqa: E731 - `~`: drawn later
+    rows = [[str(t.index), t.method, *[cell(t, k) for k in keys], str(t.seed), "~" if t.sampled else t.config_id]
             for t in trials]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731

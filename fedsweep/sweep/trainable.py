@@ -159,19 +159,22 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
 
         def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
             from ray import tune
-            parts, latest = {}, []
+            parts, latest, hits = {}, [], []
             for i, (index, m) in enumerate(zip(trials, _members(module))):
                 parts[str(index)] = {"rows": m.history[self.sent[i]:], "engine": m.engine_name,
                                      **(final[i] if final else {})}
                 self.sent[i] = len(m.history)
                 evals = [h for h in m.history if "test/accuracy" in h]
                 latest.append((evals[-1] if evals else None, max((h["test/accuracy"] for h in evals), default=0.0)))
-            # What a scheduler and the progress line read: the trial's (a pack's best member's) numbers.
+                target = m.cfg.eval.target_accuracy   # not reached (yet): one more than the run's rounds
+                hits.append(next((h["round"] for h in evals if target is not None and h["test/accuracy"] >= target),
+                                 m.cfg.rounds + 1))
+            # What a scheduler, a searcher and the progress line read: the trial's (a pack's best member's) numbers.
             last, best = max(latest, key=lambda e: e[1])
             metrics = {"round": module.rounds_done, "members": parts,
                        "test/accuracy": last["test/accuracy"] if last else 0.0,
                        "test/loss": last["test/loss"] if last else math.inf,
-                       "best/test_accuracy": best}
+                       "best/test_accuracy": best, "rounds_to_target": min(hits)}
             if final:
                 metrics["fedsweep_done"] = True
             if self.resumed is not None:
@@ -189,7 +192,7 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
             """Every member of the pack was left out: the unit ends here."""
             from ray import tune
             tune.report({"round": 0, "members": failed_parts, "fedsweep_done": True, "test/accuracy": 0.0,
-                         "test/loss": math.inf, "best/test_accuracy": 0.0})
+                         "test/loss": math.inf, "best/test_accuracy": 0.0, "rounds_to_target": math.inf})
 
     return TuneReporter()
 
@@ -232,7 +235,8 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
         from fedsweep.runs.run import summarize, train
     check_reach(store, sweep_id)
     trials = units[config["trial"]]
-    cfgs = [RunConfig(**payloads[i]["run"]) for i in trials]
+    from fedsweep.sweep.spec import drawn_payload   # `searcher: optuna`: the values drawn for this trial
+    cfgs = [RunConfig(**drawn_payload(payloads[i], config.get("sampled"))["run"]) for i in trials]
     ckpt = trial_checkpoint(tune.get_context().get_trial_id())
 
     def save_checkpoint(trainer):

@@ -25,11 +25,13 @@ from pathlib import Path
 
 from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, Storage
+from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
-                                 run_name, search_summary, trial_table, varying_keys)
+                                 run_name, trial_table, varying_keys)
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.trainable import run_unit
-from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback, make_progress_callback
+from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback
+from fedsweep.sweep.progress import make_progress_callback
 
 DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
 # The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
@@ -55,8 +57,11 @@ def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
             run["data"][key] = str(Path(run["data"][key]).resolve())
     if run["heterogeneity"].get("trace"):
         run["heterogeneity"]["trace"] = str(Path(run["heterogeneity"]["trace"]).resolve())
-    return {"run": run, "method": t.method, "seed": t.seed, "config_id": t.config_id, "label": t.label,
-            "name": run_name(t, varying), "index": t.index}
+    payload = {"run": run, "method": t.method, "seed": t.seed, "config_id": t.config_id, "label": t.label,
+               "name": run_name(t, varying), "index": t.index}
+    if t.sampled:   # what spec.drawn_payload needs once its values are drawn
+        payload.update(overrides=t.overrides, varying=varying)
+    return payload
 
 
 def _trial_payloads(trials: list[Trial], sweep: SweepConfig) -> list[dict]:
@@ -72,10 +77,12 @@ def _current_trials_file(text: str | None) -> bool:
         return False
 
 
-def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int]]) -> str:
+def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int]], search: str = "") -> str:
     """How the trials of a sweep file now differ from those its sweep started with ('' if they do
     not): `--resume` runs the saved trials, so an edit made since would be silently ignored. Keys a
     later fedsweep added to the config (absent from the saved trials) are not compared."""
+    if saved.get("search", search) != search:   # an optuna slot's values are not in its payload
+        return f"{saved['search'] or 'no search'} then, {search or 'no search'} now"
     old, new = saved["trials"], json.loads(json.dumps(payloads))   # compared as saved: JSON values
     if len(old) != len(new):
         return f"{len(old)} trials then, {len(new)} now"
@@ -91,6 +98,10 @@ def _changed_since_start(saved: dict, payloads: list[dict], units: list[list[int
     if saved["units"] != units:
         return f"its trials were packed into {len(saved['units'])} units, now {len(units)} (pack:)"
     return ""
+
+
+def _search_text(sweep: SweepConfig) -> str:
+    return search_summary(sweep) if sweep.search is not None else ""
 
 
 def open_storage(location: str | Path | None = None) -> Storage:
@@ -140,6 +151,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
         if sweep.search is not None:
             print(search_summary(sweep), file=out)
         print(trial_table(trials), file=out)
+        if any(t.sampled for t in trials):
+            print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
         return {"trials": len(trials)}
 
     check_runnable(sweep, trials, source=str(path), local=not address)
@@ -188,7 +201,7 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
         raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
                           "of an older format); start it over with --restart")
     changed = _changed_since_start(json.loads(saved), _trial_payloads(trials, sweep),
-                                   pack_units(sweep, trials))
+                                   pack_units(sweep, trials), _search_text(sweep))
     if changed:
         raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
                           f"sweep runs the trials it started with: restore the file (its MLflow parent run "
@@ -275,8 +288,8 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
         store.write_text(STATE_FILE, json.dumps({**state, "parent_run_id": parent_id}))
         payloads = _trial_payloads(trials, sweep)
-        store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units}))
-        tuner = _new_tuner(sweep, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
+        store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units, "search": _search_text(sweep)}))
+        tuner = _new_tuner(sweep, trials, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
     total = len(payloads)
     packs = f" in {len(units)} packs" if len(units) < total else ""
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
@@ -346,7 +359,18 @@ def asha_rungs(scheduler) -> list[float] | None:
         return None
 
 
-def _new_tuner(sweep, payloads, units, root: Storage, store: Storage, sweep_id: str, uri, exp_id, parent_id):
+def _studies(sweep: SweepConfig, trials: list[Trial]):
+    """``searcher: optuna``'s Tune searcher over the sweep's slots (:mod:`fedsweep.sweep.searcher`), else None."""
+    if sweep.search is None or sweep.search.searcher != "optuna":
+        return None
+    from fedsweep.sweep.search import method_space
+    from fedsweep.sweep.searcher import Studies
+    spaces = {t.study: method_space(sweep, t.method) for t in trials}
+    return Studies([(t.index, t.study, t.sample) for t in trials], spaces, sweep.search.metric, sweep.search.mode,
+                   sweep.search.seed, sweep.search.startup())
+
+
+def _new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, sweep_id: str, uri, exp_id, parent_id):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     scheduler = None
@@ -355,13 +379,15 @@ def _new_tuner(sweep, payloads, units, root: Storage, store: Storage, sweep_id: 
         scheduler = ASHAScheduler(time_attr="round", metric=s.metric, mode=s.mode, grace_period=s.grace_period,
                                   reduction_factor=s.reduction_factor,
                                   max_t=max(p["run"]["rounds"] for p in payloads))
-    param_space = {"trial": tune.grid_search(list(range(len(units)))),
+    studies = _studies(sweep, trials)   # with optuna, it hands Tune each trial's index and drawn values
+    param_space = {**({"trial": tune.grid_search(list(range(len(units))))} if studies is None else {}),
                    "checkpoint_every": sweep.checkpoint_every, "report_every_s": REPORT_EVERY_S,
                    "scheduler": scheduler is not None,   # it may stop a trial at any report
                    "rungs": asha_rungs(scheduler) if scheduler is not None else None}
     return tune.Tuner(
         _trainable(sweep, payloads, units, store, sweep_id), param_space=param_space,
-        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True,
+        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True, search_alg=studies,
+                                    num_samples=1 if studies is None else len(units),
                                     max_concurrent_trials=sweep.max_concurrent),
         run_config=tune.RunConfig(
             name=sweep.name, **root.tune_args(), verbose=0,

@@ -1,0 +1,147 @@
+"""In the sweep's driver: what the terminal shows of a sweep (:func:`make_progress_callback`).
+
+One line per finished, stopped, diverged, failed or retried trial (a cause in one short line: Ray's
+own messages for a lost worker or node in words), and a status line for the whole sweep every 10 s
+with the time so far and an estimate of the time left.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from fedsweep.sweep.callbacks import member_status, trial_error
+from fedsweep.sweep.spec import drawn_payload
+
+#: Ray's long messages for a lost worker or node, said in words on the terminal (the full text stays
+#: in the trial's error.txt, which the line names).
+RAY_CAUSES = (("is unavailable", "its worker or its node stopped answering"),
+              ("marked dead", "its node was marked dead"),
+              ("The actor died", "its worker process died"),
+              ("running low on memory", "its node ran out of memory"),
+              ("OutOfMemoryError", "its node ran out of memory"))
+TERMINAL_WIDTH = 160
+
+
+def short_cause(error: str) -> str:
+    """A trial's error for one terminal line: Ray's own lost-worker messages in words, anything else
+    cut to TERMINAL_WIDTH characters."""
+    for pattern, words in RAY_CAUSES:
+        if pattern in error:
+            return words
+    return error if len(error) <= TERMINAL_WIDTH else error[:TERMINAL_WIDTH - 1] + "…"
+
+
+def member_statuses(trial, units: list[list[int]]) -> list[str]:
+    """fedsweep's word for where each sweep trial of a Tune trial stands: pending, running, finished,
+    diverged, stopped or failed."""
+    unit = units[trial.config["trial"]]
+    if trial.status == "TERMINATED":
+        return [member_status(trial, i) for i in unit]
+    return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
+
+
+def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None):
+    """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
+    the time so far and, once trials report, an estimate of the time left (from the rounds trained
+    per second since the first report). Counts come from Tune's list of every trial, so a resumed
+    sweep counts what ran before too. ``store``: the sweep's storage, to say where a failed trial's
+    traceback is kept."""
+    from ray import tune
+
+    class Progress(tune.Callback):
+        def __init__(self):
+            self.total, self.best = len(payloads), None
+            self._start_clock()
+
+        def _start_clock(self):
+            self.rounds_total = sum(p["run"]["rounds"] for p in payloads)
+            self.started, self.last_print = time.monotonic(), 0.0
+            self.reported: dict[int, int] = {}   # sweep trial -> last round it reported
+            self.first: tuple[float, int] | None = None   # (when, rounds done) at the first report
+
+        def __setstate__(self, state):           # restored by `--resume`: this driver's clock
+            self.__dict__.update(state)
+            self._start_clock()
+
+        def _label(self, trial, index: int) -> str:
+            payloads[index] = drawn_payload(payloads[index], trial.config.get("sampled"))   # optuna's values
+            return payloads[index]["label"]
+
+        def _rounds_done(self, trials) -> int:
+            """Rounds trained over the sweep's trials; an ended trial counts whole (it needs no more)."""
+            done = 0
+            for t in trials:
+                for i in units[t.config["trial"]]:
+                    ended = t.status in ("TERMINATED", "ERROR")
+                    done += payloads[i]["run"]["rounds"] if ended else self.reported.get(i, 0)
+            return done
+
+        def _line(self, trials) -> str:
+            counts: dict[str, int] = {}
+            for t in trials:
+                for s in member_statuses(t, units):
+                    counts[s] = counts.get(s, 0) + 1
+            parts = [f"{v} {k}" for k, v in sorted(counts.items())]
+            best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
+            now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
+            from fedsweep.runs.run import duration
+            clock = f" | {duration(now - self.started)}"
+            if self.first and self.first[1] < done < total and now - self.first[0] >= 5:
+                # rounds per second since the first report (start-up excluded) over what is left
+                rate = (done - self.first[1]) / (now - self.first[0])
+                clock += f", ~{duration((total - done) / rate)} left"
+            return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
+
+        def _print(self, text):
+            print(text, file=stream or sys.stderr, flush=True)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if self.first is None:
+                self.first = (time.monotonic(), self._rounds_done(trials))
+            if "resumed_from" in result:
+                unit = units[trial.config["trial"]]
+                what = self._label(trial, unit[0]) if len(unit) == 1 else \
+                    f"pack {trial.config['trial']} ({len(unit)} trials)"
+                self._print(f"[resumed] {what}: from round {result['resumed_from']} (its checkpoint)")
+            for index, part in result.get("members", {}).items():
+                if part.get("rows"):
+                    self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
+                evals = [r["test/accuracy"] for r in part.get("rows", []) if "test/accuracy" in r]
+                acc = max(evals, default=None)
+                if acc is not None and math.isfinite(acc) and (self.best is None or acc > self.best[0]):
+                    self.best = (acc, self._label(trial, int(index)))
+            if time.time() - self.last_print > 10:
+                self.last_print = time.time()
+                self._print(self._line(trials))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            parts = (trial.last_result or {}).get("members", {})
+            last = trial.last_result or {}
+            for index in units[trial.config["trial"]]:
+                part = {**last, **parts.get(str(index), {})}   # a stopped trial's last report says it
+                if part.get("error"):
+                    self._print(f"[failed] {self._label(trial, index)}: {part['error']}")
+                    continue
+                acc = part.get("best/test_accuracy", float("nan"))
+                self._print(f"[{member_status(trial, index)}] {self._label(trial, index)}: best acc {acc:.4f} "
+                            f"after {part.get('round', 0)} rounds")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._print_error(trial, "failed")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            self._print_error(trial, "retrying", f"failure {trial.num_failures}; ")
+
+        def _print_error(self, trial, word: str, note: str = ""):
+            where = f"{trial.path}/error.txt"   # kept with the sweep (error_file is Ray's staging copy)
+            if store is not None and not store.local:
+                where = f"{store.scheme}://{where}"
+            for index in units[trial.config["trial"]]:
+                self._print(f"[{word}] {self._label(trial, index)}: {short_cause(trial_error(trial))} "
+                            f"({note}traceback: {where})")
+
+        def on_experiment_end(self, trials, **info):
+            self._print(self._line(trials))
+
+    return Progress()
