@@ -157,7 +157,9 @@ def _dispatch(args) -> int:
         path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
                             setting_keys=sweep.report.settings,
                             reference=reference_method(sweep, (t.method for t in trials)),
-                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep))
+                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep),
+                            random_first=sweep.search.startup() if sweep.search and sweep.search.searcher == "optuna"
+                            else None)
         print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
         return 0
     if args.command == "bench":

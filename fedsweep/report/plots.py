@@ -301,3 +301,28 @@ def search_png(configs: pd.DataFrame, keys: Sequence[str], path: Path, title: st
             seen.setdefault(label, handle)
     axes[0, 0].legend(list(seen.values()), list(seen), fontsize=7, loc="lower right")
     return save_figure(fig, path, title or "each sampled config: best test accuracy against the sampled keys")
+
+
+def search_draws_png(configs: pd.DataFrame, random_first: int, path: Path, title: str = "") -> Path:
+    """An optuna search in the order it drew: one panel per study (method, and settings where there
+    are several), a point per config (its mean best test accuracy over seeds) at its draw number,
+    the best so far as a line, and a mark where TPE took over from the random first draws."""
+    from fedsweep.runs.plots import save_figure
+    drawn = configs[configs["draw"].notna()]
+    studies = list(drawn.groupby(["method", *configs.attrs.get("settings", [])], sort=False))
+    colors = _colors(drawn["method"].unique())
+    fig, axes = _panel_grid(len(studies))
+    for ax, (key, rows) in zip(axes.flat, studies):
+        rows = rows.sort_values("draw")
+        x, y = rows["draw"].astype(int) + 1, rows["acc_mean"]
+        method = rows["method"].iloc[0]
+        ax.scatter(x, y, s=22, color=colors[method])
+        ax.step(x, y.cummax(), where="post", color=colors[method], alpha=0.6)
+        ax.axvline(random_first + 0.5, color="0.5", ls="--", lw=0.8)
+        ax.set(title=" ".join(map(str, key)) if isinstance(key, tuple) else str(key), xlabel="draw")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("best test accuracy (mean over seeds)")
+    for ax in list(axes.flat)[len(studies):]:
+        ax.set_visible(False)
+    return save_figure(fig, path, title or f"optuna's draws in order (dashed: TPE after {random_first} random)")

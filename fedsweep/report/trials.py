@@ -104,6 +104,7 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
             "run_id": r.info.run_id, "run_name": r.info.run_name, "parent_run_id": tags.get("mlflow.parentRunId"),
             "method": tags.get("fedsweep.method") or params.get("algorithm.name"),
             "config_id": tags.get("fedsweep.config_id"), "seed": _number(params.get("seed")),
+            "draw": _number(tags.get("fedsweep.draw")),   # a config's place in its optuna study
             "status": status, "error": error,
             "start_time": r.info.start_time, "end_time": r.info.end_time or 0,
             **keep,
@@ -180,7 +181,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
             "stability": s["_stab"].mean(),
             "diverged": int((g["status"] == "diverged").sum()),
             "statuses": ", ".join(f"{k} {v}" for k, v in g["status"].value_counts().sort_index().items()),
-            "run_ids": list(s["run_id"]),
+            "run_ids": list(s["run_id"]), "draw": first.get("draw"),
             **{f"param:{k}": first[k] for k in tuned},     # for the plots against sampled keys
         })
     table = pd.DataFrame(rows)

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_png, settings_curves_png,
+from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
                                    weights_figures)
 from fedsweep.report.tables import _all_table, _best_table, _markdown, _rounds_table
 from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs,
@@ -17,13 +17,15 @@ from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_val
 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
-                 relative_target: float | None = None, sampled_keys: Sequence[str] = ()) -> Path:
+                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
+                 random_first: int | None = None) -> Path:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``, when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
     ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
 
     ``reference``: the method speed-ups are relative to. ``relative_target``: count rounds to this
-    fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target."""
+    fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target.
+    ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``)."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
@@ -68,6 +70,9 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     weight_figures = weights_figures(best, runs, out)
     if sampled_keys:
         search_png(configs, sampled_keys, out / "search.png", title=f"{sweep}: each sampled config")
+    draws = random_first is not None and configs["draw"].notna().any()
+    if draws:
+        search_draws_png(configs, random_first, out / "search_draws.png", title=f"{sweep}: optuna's draws in order")
     trials.to_csv(out / "trials.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
@@ -124,6 +129,10 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         lines += ["## Sampled configs", "", "Each sampled config's mean best test accuracy over its seeds against "
                   "the keys `search:` draws, one panel a key (the best config per method is in the tables above).",
                   "", "![each sampled config](search.png)", ""]
+    if sampled_keys and draws:
+        lines += [f"Each study's configs in the order optuna drew them (the first {random_first} at random, then "
+                  "TPE's), with the best so far: whether the model found better configs than its random draws.",
+                  "", "![optuna's draws in order](search_draws.png)", ""]
     if weight_figures:
         lines += ["## Aggregation weights", "",
                   "For each method that records per-client weights (loss-aware aggregation), its best config "

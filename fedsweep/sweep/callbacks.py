@@ -131,6 +131,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
                     "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
+                    **({"fedsweep.draw": str(info["draw"])} if "draw" in info else {}),   # optuna's draw order
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
                        else {})}).info.run_id
                 self._log_params(run_id, index)

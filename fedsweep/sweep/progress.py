@@ -82,6 +82,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             for t in trials:
                 for s in member_statuses(t, units):
                     counts[s] = counts.get(s, 0) + 1
+            if sum(counts.values()) < self.total:   # optuna's slots Tune has not been handed yet
+                counts["to draw"] = self.total - sum(counts.values())
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total

@@ -60,7 +60,7 @@ def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
     payload = {"run": run, "method": t.method, "seed": t.seed, "config_id": t.config_id, "label": t.label,
                "name": run_name(t, varying), "index": t.index}
     if t.sampled:   # what spec.drawn_payload needs once its values are drawn
-        payload.update(overrides=t.overrides, varying=varying)
+        payload.update(overrides=t.overrides, varying=varying, draw=t.sample)
     return payload
 
 
