@@ -158,3 +158,5 @@ def test_an_optuna_sweep_with_asha_is_interrupted_resumed_without_a_redraw_and_r
     assert main(["report", path]) == 0
     report = tmp_path / "reports" / "o"
     assert (report / "search.png").stat().st_size > 10_000
+    assert (report / "search_draws.png").stat().st_size > 10_000          # the study's configs in draw order
+    assert "![optuna's draws in order](search_draws.png)" in (report / "report.md").read_text()

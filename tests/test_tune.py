@@ -755,7 +755,8 @@ def test_shipped_sweeps_validate(path):
     trials = expand(sweep, source=path)
     check_report(sweep, trials, source=path)
     check_data(trials, source=path)
-    assert trials and len({t.config_id for t in trials}) * len(sweep.seeds or [0]) == len(trials)
+    # a config is its values, or (optuna's slots, alike until drawn) its draw number in its study
+    assert trials and len({(t.config_id, t.sample) for t in trials}) * len(sweep.seeds or [0]) == len(trials)
 
 
 def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
