@@ -50,11 +50,15 @@ def stability(accuracies) -> float | None:
     return float((z[:-1] * z[1:]).sum() / (z * z).sum())
 
 
+def first_at_target(history: list[dict], target: float | None) -> dict | None:
+    """The first evaluated row of ``history`` at or above ``target`` accuracy; None if none (or no target)."""
+    return next((h for h in history if target is not None and h.get("test/accuracy", -1.0) >= target), None)
+
+
 def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> dict:
     """The numbers a user compares runs on; ``rounds_to_target`` is None if never reached."""
     evals = [h for h in history if "test/accuracy" in h]
-    target = cfg.eval.target_accuracy
-    hit = next((h for h in evals if target is not None and h["test/accuracy"] >= target), None)
+    hit = first_at_target(evals, cfg.eval.target_accuracy)
     upto = [h for h in history if hit is None or h["round"] <= hit["round"]]
     secs = [h["round/seconds"] for h in history]
     def total(key, rows):
@@ -74,7 +78,7 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
         "comm_down_models": total("comm/down_models", history),
         "grad_evals": total("compute/grad_evals", history),
         "stability": stability(h["test/accuracy"] for h in evals),
-        "target_accuracy": target,
+        "target_accuracy": cfg.eval.target_accuracy,
     }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import Counter
 from typing import Any
 
 from ray.tune.search import Searcher
@@ -53,9 +54,7 @@ class Studies(Searcher):
         studies = list(spaces)
         self.order = [index for index, _, _ in sorted(slots, key=lambda s: (s[2], studies.index(s[1]), s[0]))]
         self.config_of = {index: (study, number) for index, study, number in slots}
-        self.seeds = {}
-        for study, number in self.config_of.values():
-            self.seeds[(study, number)] = self.seeds.get((study, number), 0) + 1
+        self.seeds = Counter(self.config_of.values())   # (study, number) -> its seeds' slots
         self.spaces = spaces
         self.studies = {
             study: OptunaSearch({k: _domain(*dist) for k, dist in space.items()}, metric=metric, mode=mode,

@@ -125,6 +125,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
     mark = _phase_marks()
     import lightning as L
 
+    from fedsweep.runs.run import first_at_target
+
     class TuneReporter(L.Callback):
         def __init__(self):
             # History rows already reported, per member. A resumed trial starts at 0 and re-sends what
@@ -166,9 +168,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
                 self.sent[i] = len(m.history)
                 evals = [h for h in m.history if "test/accuracy" in h]
                 latest.append((evals[-1] if evals else None, max((h["test/accuracy"] for h in evals), default=0.0)))
-                target = m.cfg.eval.target_accuracy   # not reached (yet): one more than the run's rounds
-                hits.append(next((h["round"] for h in evals if target is not None and h["test/accuracy"] >= target),
-                                 m.cfg.rounds + 1))
+                hit = first_at_target(evals, m.cfg.eval.target_accuracy)   # not reached (yet): rounds + 1
+                hits.append(hit["round"] if hit else m.cfg.rounds + 1)
             # What a scheduler, a searcher and the progress line read: the trial's (a pack's best member's) numbers.
             last, best = max(latest, key=lambda e: e[1])
             metrics = {"round": module.rounds_done, "members": parts,

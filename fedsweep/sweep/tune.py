@@ -365,7 +365,8 @@ def _studies(sweep: SweepConfig, trials: list[Trial]):
         return None
     from fedsweep.sweep.search import method_space
     from fedsweep.sweep.searcher import Studies
-    spaces = {t.study: method_space(sweep, t.method) for t in trials}
+    methods = {t.study: t.method for t in trials}   # each study's method, its space read once
+    spaces = {study: method_space(sweep, method) for study, method in methods.items()}
     return Studies([(t.index, t.study, t.sample) for t in trials], spaces, sweep.search.metric, sweep.search.mode,
                    sweep.search.seed, sweep.search.startup())
 
