@@ -40,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                               "4 some trials failed (each error printed once) or are incomplete (trained, but their "
                               "summary and artifacts did not reach the driver; the runs named)")
     t.add_argument("sweep", help="sweep YAML (see docs/sweeps.md)")
-    t.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    t.add_argument("--dry-run", action="store_true", help="check every trial's config, print the trial count and "
+                   "table (its first 100 rows) and exit")
+    t.add_argument("--all", action="store_true", help="with --dry-run: print every row of the trial table")
     t.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     t.add_argument("--restart", action="store_true", help="discard an unfinished sweep and start over")
     t.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (e.g. 127.0.0.1:6379 after "
@@ -120,8 +122,11 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
 
 def _dispatch(args) -> int:
     if args.command in ("run", "config"):
-        from fedsweep.config.schema import load_config
-        cfg = load_config(args.config, args.overrides)
+        from fedsweep.config.schema import build_config, read_run_config
+        raw, note = read_run_config(args.config, "running" if args.command == "run" else "printing")
+        cfg = build_config(raw, args.overrides)
+        if note:   # a sweep file: what of it is not run, said rather than silently skipped (once it is valid)
+            print(f"fedsweep: note: {note}", file=sys.stderr)
         if args.command == "config":
             import yaml
             print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
@@ -138,9 +143,11 @@ def _dispatch(args) -> int:
             return 130
         return 0 if summary["status"] == "finished" else 3
     if args.command == "tune":
+        if args.all and not args.dry_run:
+            raise ConfigError("--all: it prints every row of --dry-run's trial table; give it with --dry-run")
         from fedsweep.sweep.tune import tune_sweep
         result = tune_sweep(args.sweep, resume=args.resume, restart=args.restart, address=args.address,
-                            dry_run=args.dry_run, storage=args.storage)
+                            dry_run=args.dry_run, storage=args.storage, show_all=args.all)
         if args.dry_run:
             return 0
         print(sweep_outcome(result, args.sweep))

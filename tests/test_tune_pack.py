@@ -138,4 +138,4 @@ def test_pack_seeds_packs_the_seeds_of_each_config(tmp_path, capsys):
     units = pack_units(sweep, trials)
     assert len(units) == 4 and all(len({trials[i].config_id for i in u}) == 1 for u in units)
     assert main(["tune", path, "--dry-run"]) == 0
-    assert "d: 12 trials in 4 packs of up to 3" in capsys.readouterr().out
+    assert "d: 12 trials\nin 4 packs of up to 3 trials (pack: seeds)\n" in capsys.readouterr().out

@@ -8,7 +8,6 @@ Bad input raises :class:`ConfigError` with one line that names the dotted key an
 """
 from __future__ import annotations
 
-import copy
 import functools
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
 from fedsweep.config.registry import get_algorithm_class
+from fedsweep.config.yamlfile import DuplicateKey, UniqueKeyLoader, parse_yaml
 
 
 class _Strict(BaseModel):
@@ -280,24 +280,51 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def set_dotted(d: dict, key: str, value: Any) -> None:
-    """Set ``d['a']['b'] = value`` for ``key='a.b'``, creating dicts on the way."""
+def copy_tree(value: Any) -> Any:
+    """A copy of plain YAML data (mappings and lists copied, scalars shared), much faster than
+    ``copy.deepcopy``, which a sweep of many trials calls once per trial."""
+    if isinstance(value, dict):
+        return {k: copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_tree(v) for v in value]
+    return value
+
+
+def set_dotted(d: dict, key: str, value: Any, _outer: str = "") -> None:
+    """Set ``d['a']['b'] = value`` for ``key='a.b'``, creating dicts on the way.
+
+    A mapping given for a section merges into it: it sets only the keys it names (at any depth) and
+    keeps the others as ``d`` has them, so ``local={lr: 0.1}`` changes η_l and nothing else. Every way
+    a value reaches a config goes through here (``--set``, grids, method grids, drawn search values),
+    so they all mean the same. ``value`` is copied: ``d`` never shares a mapping with the caller."""
     parts = key.split(".")
     for p in parts[:-1]:
         nxt = d.setdefault(p, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"{key}: {p!r} is a value, not a section")
+            raise ConfigError(f"{_outer}{key}: {p!r} is a value, not a section")
         d = nxt
-    d[parts[-1]] = value
+    last = parts[-1]
+    if not (isinstance(value, dict) and isinstance(d.get(last, {}), dict)):
+        d[last] = copy_tree(value)
+        return
+    section = d.setdefault(last, {})
+    for k, v in value.items():   # a key inside may be dotted too: {partition.kind: iid}
+        if isinstance(k, str):
+            set_dotted(section, k, v, f"{_outer}{key}.")
+        else:
+            section[k] = copy_tree(v)   # not a config key: validation names it
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` from the command line; the value is parsed as YAML (so 0.1, true, [1, 2] work)."""
+    """``key=value`` from the command line; the value is parsed as YAML (so 0.1, true, [1, 2] work; a
+    value that is not YAML is taken as the string it is, but a mapping with a key given twice is refused)."""
     if "=" not in text:
         raise ConfigError(f"--set {text}: expected key=value, e.g. --set local.lr=0.1")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = yaml.load(raw, Loader=UniqueKeyLoader) if raw != "" else None   # noqa: S506 - a SafeLoader
+    except DuplicateKey as e:
+        raise ConfigError(f"--set {text}: duplicate key {e.key!r}; a key may appear once in a mapping") from None
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -348,34 +375,46 @@ register_models(RunConfig, DataConfig, PartitionConfig, SyntheticConfig, ModelCo
 
 def build_config(raw: dict | None, overrides: list[str] | None = None) -> RunConfig:
     """Validate a raw dict (plus ``key=value`` overrides) into a RunConfig, or raise ConfigError."""
-    raw = copy.deepcopy(raw or {})   # overrides write into nested sections: never into the caller's
+    raw = copy_tree(raw or {})   # overrides write into nested sections: never into the caller's
     for text in overrides or []:
         key, value = parse_override(text)
         set_dotted(raw, key, value)
+    return validate_raw(raw)
+
+
+def validate_raw(raw: dict) -> RunConfig:
+    """``raw`` (read, never kept) as a RunConfig, or a ConfigError naming the first wrong key."""
     try:
         return RunConfig(**raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
 
 
-def load_yaml(path: str | Path) -> dict:
+def load_yaml(path: str | Path) -> dict | None:
+    """The top-level mapping of a YAML file, or None for a file with nothing in it (or only comments)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
+    raw = parse_yaml(path.read_text(), str(path))
+    if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """A run config from YAML; a sweep file (one with a ``base:`` section) gives its base config."""
+#: What a sweep file holds besides `base` that `fedsweep run` does not use.
+SWEEP_ONLY = ("grid", "methods", "search", "seeds")
+
+
+def read_run_config(path: str | Path, doing: str = "running") -> tuple[dict, str]:
+    """A run config's raw mapping and a note for the user ('' if none). A sweep file (one with a
+    ``base:`` mapping) gives its base, and the note says so: its grid and the like are not ``doing``."""
     raw = load_yaml(path)
-    if isinstance(raw.get("base"), dict):
-        raw = raw["base"]
-    return build_config(raw, overrides)
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty (or holds only comments); write the config keys to change "
+                          "in it, or `{}` to run every default")
+    if not isinstance(raw.get("base"), dict):
+        return raw, ""
+    unused = [k for k in SWEEP_ONLY if raw.get(k)]
+    listed = ", ".join(unused[:-1]) + " and " + unused[-1] if len(unused) > 1 else "".join(unused)
+    what = f"its {listed} {'are' if len(unused) > 1 else 'is'} for" if unused else "the sweep runs with"
+    return raw["base"], f"{path} is a sweep file: {doing} its base config only ({what} `fedsweep tune {path}`)"

@@ -29,7 +29,8 @@ class SearchConfig(BaseModel):
     space: dict[str, dict[str, list[Any]]] = Field(
         default_factory=dict, description="Dotted keys -> a distribution, each key drawn anew for every sample: "
         "`{loguniform: [low, high]}` (0 < low < high), `{uniform: [low, high]}`, `{quniform: [low, high, q]}` "
-        "(multiples of q), `{randint: [low, high]}` (an integer, high excluded), `{choice: [v1, v2, ...]}`. "
+        "(multiples of q), `{randint: [low, high]}` (an integer, high excluded), `{choice: [v1, v2, ...]}` (a "
+        "mapping chosen merges into its section, as in `grid`; with `optuna` every mapping names the same keys). "
         "A method may add its own keys: a distribution in place of a list in its `methods:` entry.")
     num_samples: int = Field(
         ..., ge=1, description="Configs drawn per method: every method gets the same number of tries (each is "

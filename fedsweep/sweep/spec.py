@@ -5,20 +5,21 @@ reported in one line naming the key (docs/sweeps.md has the file format).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsweep.config.names import short
-from fedsweep.config.schema import (ConfigError, RunConfig, build_config, format_validation_error, load_yaml,
-                             register_models, set_dotted)
+from fedsweep.config.schema import (ConfigError, RunConfig, copy_tree, format_validation_error, load_yaml,
+                                    register_models, set_dotted)
+from fedsweep.sweep.keys import build_config_of, check_keys, key_places, method_names
 from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
 
@@ -72,15 +73,21 @@ class SweepConfig(_Strict):
         "digits, `.`, `_` and `-`, starting with a letter or digit (it names the sweep's folder under --storage, "
         "its lock and its MLflow experiment).")
     base: dict[str, Any] = Field(default_factory=dict, description="A full run config.")
-    grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted keys -> values, crossed.")
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict, description="Dotted config keys -> values, crossed. A mapping given for a section "
+        "(`local: [{lr: 0.1, steps: 5}, {lr: 0.05, steps: 10}]`) sets only the keys it names, so its keys vary "
+        "together. Not `algorithm.name` (methods go under `methods:`), `seed` (repeats go under `seeds:`) nor "
+        "`mlflow.*`; a key may be given once across grid, methods and search.space.")
     methods: dict[str, dict[str, list[Any] | dict[str, list[Any]]]] | None = Field(
-        None, description="Algorithm name -> its own grid, crossed with `grid` (a list of values per key), and "
-        "with `search:` its own sampled keys (a distribution per key, as in `search.space`).")
+        None, description="Algorithm name -> its own grid, crossed with `grid` (a list of values per key, as in "
+        "`grid`; `algorithm.name` only as the method's own), and with `search:` its own sampled keys (a distribution "
+        "per key, as in `search.space`).")
     search: SearchConfig | None = Field(
         None, description="Sampled configs beside the grid: a distribution per key and a budget per method "
         "(docs/sweeps.md, Search).")
     seeds: list[int] | None = Field(
-        None, min_length=1, description="Repeats of every config (default: [base.seed]); not empty.")
+        None, min_length=1, description="Repeats of every config (default: [base.seed]); not empty. The one place for "
+        "seeds: `seed` in a grid is refused.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: what resources allow).")
     max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
@@ -146,11 +153,22 @@ def varying_keys(trials: list[Trial]) -> list[str]:
 def run_name(trial: Trial, varying: list[str]) -> str:
     """The MLflow run name: the method, then only the keys the sweep varies, short (``fedlga ρ0.9
     ηl0.1 ηg1 s2``), so that the runs table tells configs apart within the width it shows."""
-    resolved = {"data.partition": trial.config.data.partition.model_dump()}   # its defaults filled in
-    parts = [short(k, resolved.get(k, trial.overrides[k])) for k in varying if k in trial.overrides and k != "seed"]
+    partition = trial.config.data.partition.model_dump()   # whole: its label needs its kind, maybe from base
+    parts = [short(k, _with_partition(k, trial.overrides[k], partition)) for k in varying
+             if k in trial.overrides and k != "seed"]
     if "seed" in varying:
         parts.append(short("seed", trial.seed))
     return " ".join([trial.method, *parts])
+
+
+def _with_partition(key: str, value: Any, partition: dict) -> Any:
+    """``value`` of ``key`` with ``data.partition`` whole, as the trial resolved it: a mapping given for
+    it (or for ``data``) sets only some of its keys."""
+    if key == "data.partition":
+        return partition
+    if key == "data" and isinstance(value, dict) and "partition" in value:
+        return {**value, "partition": partition}
+    return value
 
 
 def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
@@ -160,6 +178,9 @@ def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
 
 def load_sweep(path: str | Path) -> SweepConfig:
     raw = load_yaml(path)
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty (or holds only comments); a sweep file needs a `base:` run "
+                          "config (and usually a `grid:`, docs/sweeps.md)")
     if "base" not in raw:
         raise ConfigError(f"{path}: a sweep file needs a `base:` run config (and usually a `grid:`); "
                           f"to run a single config use `fedsweep run {path}`")
@@ -177,6 +198,7 @@ def load_sweep(path: str | Path) -> SweepConfig:
     for key, values in {**sweep.grid, **{k: v for g in (sweep.methods or {}).values() for k, v in g.items()}}.items():
         if not values:
             raise ConfigError(f"{path}: grid key {key}: empty list of values")
+    check_keys(sweep, str(path))
     if isinstance(sweep.pack, int) and sweep.pack < 1:
         raise ConfigError(f"{path}: pack: {sweep.pack} is not allowed; allowed: a number ≥ 1, `seeds`, or no `pack`")
     if sweep.pack not in (None, 1) and sweep.scheduler is not None:
@@ -217,49 +239,65 @@ def _check_searcher(sweep: SweepConfig, path) -> None:
                           "pip install 'fedsweep[optuna]'") from None
 
 
-def _build(sweep: SweepConfig, method: str, overrides: dict[str, Any], source: str) -> RunConfig:
-    """``base`` with ``overrides`` set, validated; base's algorithm-specific keys belong to base's algorithm."""
-    base_algo = dict(sweep.base.get("algorithm") or {})
-    raw = copy.deepcopy(sweep.base)
-    if method != base_algo.get("name", "fedavg"):
-        raw["algorithm"] = {k: v for k, v in base_algo.items() if k in ("weighting",)}
-    for key, value in overrides.items():
-        set_dotted(raw, key, value)
-    try:
-        return build_config(raw)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+def trial_count(sweep: SweepConfig) -> int:
+    """How many trials :func:`expand` makes, from the sizes of the grids alone (instantly, for any size)."""
+    seeds = len(sweep.seeds) if sweep.seeds is not None else 1
+    draws = sweep.search.num_samples if sweep.search is not None else 1
+    grid = math.prod(len(v) for v in sweep.grid.values())
+    own = [math.prod(len(v) for v in ((sweep.methods or {}).get(m) or {}).values() if isinstance(v, list))
+           for m in method_names(sweep)]
+    return grid * sum(own) * draws * seeds
 
 
 def expand(sweep: SweepConfig, source: str = "sweep") -> list[Trial]:
-    """Every trial, validated: product(grid) × (method × product(method grid) × its search samples) × seeds.
-    With ``searcher: optuna`` a sampled key is validated at each end of its distribution (every choice),
-    as a drawn value is known only once its trial starts."""
-    methods = sweep.methods or {(sweep.base.get("algorithm") or {}).get("name", "fedavg"): {}}
+    """Every trial, validated: product(grid) × (method × product(method grid) × its search samples) × seeds."""
+    return list(iter_trials(sweep, source))
+
+
+def iter_trials(sweep: SweepConfig, source: str = "sweep", progress=None) -> Iterator[Trial]:
+    """:func:`expand`'s trials one at a time (``fedsweep tune --dry-run`` keeps only those it prints);
+    ``progress(trials so far)`` is called after each config's seeds. With ``searcher: optuna`` a sampled
+    key is validated at each end of its distribution (every choice), as a drawn value is known only
+    once its trial starts.
+
+    Each config is validated once, for its first seed; its other seeds are copies with ``seed`` set
+    (``model_copy`` skips validation, and the seed is the one key that differs), except that every
+    distinct seed value is validated once, in full, the first time it occurs (a seed's only rule is
+    its own: ≥ 0)."""
     seeds = sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))]
     later = sweep.search is not None and sweep.search.searcher == "optuna"
-    trials: list[Trial] = []
-    for method, method_spec in methods.items():
-        method_grid = {k: v for k, v in (method_spec or {}).items() if isinstance(v, list)}
+    index, checked_seeds = 0, set()
+    for method in method_names(sweep):
+        method_grid = {k: v for k, v in ((sweep.methods or {}).get(method) or {}).items() if isinstance(v, list)}
+        places = key_places(sweep, method)
         try:
             space, drawn = method_space(sweep, method), samples(sweep, method)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
+        first_trial = None
         for point in _product(sweep.grid):
             for method_point in _product(method_grid):
                 study = " ".join([method, *(f"{k}={v}" for k, v in {**point, **method_point}.items())])
                 for number, sample in enumerate(drawn):
+                    first = None
                     for seed in seeds:
                         overrides = {"algorithm.name": method, **point, **method_point, **sample, "seed": seed}
-                        cfg = _build(sweep, method, overrides, source)
-                        trials.append(Trial(len(trials), method, seed, overrides, cfg, tuple(space) if later else (),
-                                            study if later else "", number))
+                        if first is None or seed not in checked_seeds:
+                            cfg = build_config_of(sweep, method, overrides, source, places)
+                            checked_seeds.add(seed)
+                            first = cfg if first is None else first
+                        else:
+                            cfg = first.model_copy(update={"seed": seed})
+                        trial = Trial(index, method, seed, overrides, cfg, tuple(space) if later else (),
+                                      study if later else "", number)
+                        first_trial, index = first_trial or trial, index + 1
+                        yield trial
+                    if progress is not None:
+                        progress(index)
         if later:   # the other ends of each distribution, on the method's first trial
-            first = next(t for t in trials if t.method == method)
             for key, dist in space.items():
                 for value in extremes(*dist)[1:]:
-                    _build(sweep, method, {**first.overrides, key: value}, source)
-    return trials
+                    build_config_of(sweep, method, {**first_trial.overrides, key: value}, source, places)
 
 
 def drawn_payload(payload: dict, values: dict[str, Any] | None) -> dict:
@@ -268,7 +306,7 @@ def drawn_payload(payload: dict, values: dict[str, Any] | None) -> dict:
     if not values or payload.get("drawn") == values:
         return payload
     overrides = {**payload["overrides"], **values}
-    run = copy.deepcopy(payload["run"])
+    run = copy_tree(payload["run"])
     for key, value in values.items():
         set_dotted(run, key, value)
     trial = Trial(payload["index"], payload["method"], payload["seed"], overrides, RunConfig(**run))
@@ -323,7 +361,8 @@ def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
 
 def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
     """``report.settings`` must be config keys and ``report.reference`` one of the sweep's methods."""
-    keys = set().union(*(t.config.flat() for t in trials))
+    # configs differ in their keys only by their algorithm's parameters, which their method fixes
+    keys = set().union(*(t.config.flat() for t in {t.method: t for t in reversed(trials)}.values()))
     for key in sweep.report.settings:
         if key not in keys:
             varied = sorted({k for t in trials for k in t.overrides if k not in ("seed", "algorithm.name")})
@@ -398,15 +437,3 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
 def reference_method(sweep: SweepConfig, methods) -> str | None:
     """``report.reference``, else ``fedavg`` if among ``methods``, else None."""
     return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)
-
-
-def trial_table(trials: list[Trial]) -> str:
-    """The trials as an aligned text table (``fedsweep tune --dry-run``)."""
-    keys = sorted({k for t in trials for k in t.overrides if k not in ("seed", "algorithm.name")})
-    header = ["#", "method", *keys, "seed", "config_id"]
-    cell = lambda t, k: "~" if k in t.sampled else str(t.overrides.get(k, ""))  # noqa: E731 - `~`: drawn later
-    rows = [[str(t.index), t.method, *[cell(t, k) for k in keys], str(t.seed), "~" if t.sampled else t.config_id]
-            for t in trials]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])

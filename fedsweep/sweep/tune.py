@@ -26,8 +26,9 @@ from pathlib import Path
 from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, Storage
 from fedsweep.sweep.search import search_summary
+from fedsweep.sweep.dryrun import dry_run as print_dry_run
 from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
-                                 run_name, trial_table, varying_keys)
+                                 run_name, varying_keys)
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback
@@ -129,7 +130,7 @@ def _discard(store: Storage) -> None:
 
 
 def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False, address: str | None = None,
-               dry_run: bool = False, storage: str | Path | None = None, out=None) -> dict:
+               dry_run: bool = False, storage: str | Path | None = None, out=None, show_all: bool = False) -> dict:
     """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id.
 
     Everything that can be checked is checked before anything is written: the sweep file, the
@@ -142,18 +143,10 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     from fedsweep.runs.tracking import check_store
     out = out or sys.stdout
     sweep = load_sweep(path)
+    if dry_run:
+        return print_dry_run(sweep, str(path), out, show_all=show_all)
     trials = expand(sweep, source=str(path))
     check_report(sweep, trials, source=str(path))   # a typo here would only surface after the sweep
-    if dry_run:
-        units = pack_units(sweep, trials)
-        packs = f" in {len(units)} packs of up to {max(map(len, units))}" if len(units) < len(trials) else ""
-        print(f"{sweep.name}: {len(trials)} trials{packs}", file=out)
-        if sweep.search is not None:
-            print(search_summary(sweep), file=out)
-        print(trial_table(trials), file=out)
-        if any(t.sampled for t in trials):
-            print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
-        return {"trials": len(trials)}
 
     check_runnable(sweep, trials, source=str(path), local=not address)
     mode = None

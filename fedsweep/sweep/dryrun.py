@@ -1,0 +1,74 @@
+"""``fedsweep tune SWEEP --dry-run``: the sweep's trial count, then its trials validated, then its table.
+
+A grid of a million trials is a real sweep file's mistake or plan, so the dry run must say what it
+is at once: the count comes from the grids' sizes before any config is made, a line on stderr every
+2 s says how far validating has got, and the table shows its first :data:`TABLE_ROWS` rows unless
+``--all`` asks for every one. Only the trials it prints are kept (all of them for ``pack:``, whose
+packs need every config).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from fedsweep.sweep.search import search_summary
+from fedsweep.sweep.spec import SweepConfig, Trial, check_report, iter_trials, pack_units, trial_count
+
+TABLE_ROWS = 100        # rows of the table without --all
+PROGRESS_EVERY_S = 2.0  # a progress line while validating, this often (none for a sweep checked sooner)
+
+
+class Progress:
+    """``checked 120,000 of 1,000,000 trial configs`` on ``err`` every PROGRESS_EVERY_S seconds."""
+
+    def __init__(self, total: int, err=None):
+        self.total, self.err = total, err or sys.stderr
+        self.next = time.monotonic() + PROGRESS_EVERY_S
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            print(f"checked {done:,} of {self.total:,} trial configs", file=self.err, flush=True)
+            self.next = now + PROGRESS_EVERY_S
+
+
+def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
+    """Print the sweep's trial count, search, packs and trial table to ``out``; check every trial's
+    config and the ``report:`` keys as ``tune`` does before running. Returns ``{"trials": count}``."""
+    total = trial_count(sweep)
+    print(f"{sweep.name}: {total:,} trials", file=out, flush=True)
+    if sweep.search is not None:
+        print(search_summary(sweep), file=out, flush=True)
+    keep_all = show_all or sweep.pack not in (None, 1)
+    kept, first_of_method, count = [], {}, 0
+    for trial in iter_trials(sweep, source=path, progress=Progress(total)):
+        if keep_all or count < TABLE_ROWS:
+            kept.append(trial)
+        first_of_method.setdefault(trial.method, trial)
+        count += 1
+    methods = list(first_of_method.values())   # their keys are every trial's (a method's trials set the same)
+    check_report(sweep, methods, source=path)
+    units = pack_units(sweep, kept) if sweep.pack not in (None, 1) else []
+    if units and len(units) < count:
+        print(f"in {len(units):,} packs of up to {max(map(len, units))} trials (pack: {sweep.pack})", file=out)
+    shown = kept if show_all else kept[:TABLE_ROWS]
+    print(trial_table(shown, columns_of=methods), file=out)
+    if len(shown) < count:
+        print(f"... and {count - len(shown):,} more trials: `fedsweep tune {path} --dry-run --all` prints every one",
+              file=out)
+    if any(t.sampled for t in methods):
+        print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
+    return {"trials": count}
+
+
+def trial_table(trials: list[Trial], columns_of: list[Trial] | None = None) -> str:
+    """The trials as an aligned text table (``fedsweep tune --dry-run``); its columns are the keys that
+    ``columns_of`` (default: ``trials``) set, so that the first rows of a sweep show every column."""
+    keys = sorted({k for t in columns_of or trials for k in t.overrides if k not in ("seed", "algorithm.name")})
+    header = ["#", "method", *keys, "seed", "config_id"]
+    cell = lambda t, k: "~" if k in t.sampled else str(t.overrides.get(k, ""))  # noqa: E731 - `~`: drawn later
+    rows = [[str(t.index), t.method, *[cell(t, k) for k in keys], str(t.seed), "~" if t.sampled else t.config_id]
+            for t in trials]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
