@@ -20,7 +20,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow",
                        epilog="exit status: 0 finished, 2 refused before training (one line naming the key), "
-                              "3 diverged (loss NaN/inf), 130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
+                              "3 diverged (loss NaN/inf), 5 trained but the MLflow store did not take the run (its "
+                              "records are kept in a folder the last line names: fedsweep log FOLDER writes them later), "
+                              "130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
                               "checkpoint, summary and MLflow run (KILLED) as at a run's end)")
     r.add_argument("config", help="run config YAML (see docs/config.md)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -35,10 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="CKPT", help="continue a run from its checkpoint")
 
     t = sub.add_parser("tune", help="run a sweep file as Ray Tune trials, each logged to MLflow",
-                       epilog="exit status: 0 every trial ended (finished, diverged or stopped), 1 interrupted "
-                              "(continue with --resume), 2 refused before anything ran (one line naming the key), "
-                              "4 some trials failed (each error printed once) or are incomplete (trained, but their "
-                              "summary and artifacts did not reach the driver; the runs named)")
+                       epilog="exit status: 0 every trial ended (finished, diverged or stopped), 1 interrupted or "
+                              "stopped by a fault (the last lines say whether --resume or --restart continues), 2 refused "
+                              "before anything ran (one line naming the key), 4 some trials failed (each error printed "
+                              "once) or are incomplete (trained, but their summary and artifacts did not reach the "
+                              "driver; the runs named), 5 every trial ended but the MLflow store did not take the last "
+                              "records (kept on disk; --resume writes them)")
     t.add_argument("sweep", help="sweep YAML (see docs/sweeps.md)")
     t.add_argument("--dry-run", action="store_true", help="check every trial's config, print the trial count and "
                    "table (its first 100 rows) and exit")
@@ -50,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--storage", metavar="DIR|URI", help="where Ray Tune keeps the sweep's state and each trial its "
                    "checkpoint (default ./fedsweep_runs); on a cluster every node that runs trials must reach it: a "
                    "folder mounted at the same path on each (NFS), or a URI such as s3://bucket/path (docs/sweeps.md)")
+
+    lg = sub.add_parser("log", help="write the MLflow records a run or sweep kept on disk when its store failed",
+                        epilog="exit status: 0 written (or already), 2 the store still fails or the folder is not "
+                               "one fedsweep kept (nothing lost: run it again)")
+    lg.add_argument("folder", help="the folder `fedsweep run` or `tune` named (under ./fedsweep_unlogged)")
+    lg.add_argument("--tracking-uri", metavar="URI", help="another MLflow store to write them to (default: the "
+                    "one they were meant for)")
+    lg.add_argument("--experiment", metavar="NAME", help="another experiment for the runs they create (default: "
+                    "the one they were meant for; say, when that one was deleted)")
 
     rp = sub.add_parser("report", help="tables and plots of a finished sweep, read from MLflow")
     rp.add_argument("sweep", help="the sweep YAML that was run")
@@ -97,27 +110,54 @@ STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "incomplete", "inte
 
 def sweep_outcome(result: dict, sweep_path: str) -> str:
     """The last lines of ``fedsweep tune``: the trials' outcomes, each failure's error once, the runs
-    that ended without their summary (and why), where Ray's logs are kept if something went wrong,
+    that ended without their summary (and why), what stopped the sweep and what recovers it (only a
+    command that works: ``--resume`` when the sweep's record and Ray Tune's are whole, else
+    ``--restart``), MLflow records kept on disk, where Ray's logs are kept if something went wrong,
     and what to run next."""
     from fedsweep.runs.tracking import ui_command, ui_url
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
+    lines = [f"sweep stopped: {result['stopped_by']}"] if result.get("stopped_by") else []
     if result["unfinished"]:
-        lines = [f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
-                 f"{result['trials']} unfinished: continue with --resume"]
+        lines.append(f"sweep interrupted: {counts or 'no trials started'}; {result['unfinished']} of "
+                     f"{result['trials']} unfinished")
     else:
-        lines = [f"sweep done: {counts or 'no trials'}"]
+        lines.append(f"sweep done: {counts or 'no trials'}")
     for error, n in sorted(result["errors"].items(), key=lambda e: -e[1]):
         lines.append(f"failed ({n} trial{'s' if n > 1 else ''}): {error}")
     for error, names in sorted(result.get("incomplete_runs", {}).items(), key=lambda e: -len(e[1])):
         shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         lines.append(f"incomplete ({shown}): {error}")
-    if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed")):
+    if result.get("storage"):
+        done = "" if result["unfinished"] else "; every trial's result is in MLflow all the same"
+        lines.append(f"storage: {result['storage']}{done}")
+    if result.get("unlogged"):
+        lines.append(f"MLflow: the store did not take the sweep's last records ({result['mlflow_cause']}); they are kept "
+                     f"in {result['unlogged']}: once the store works, `fedsweep tune {sweep_path} --resume` writes them "
+                     f"(or `fedsweep log {result['unlogged']}`)")
+    elif result.get("unlogged_lost"):
+        lines.append(f"MLflow: the store did not take the sweep's last records: {result['unlogged_lost']}")
+    recover = result.get("recover")
+    if recover == "--resume" and (result["unfinished"] or result.get("stopped_by")):
+        lines.append(f"continue with:  fedsweep tune {sweep_path} --resume")
+    elif recover == "--restart" and (result["unfinished"] or result.get("stopped_by") or result.get("storage")):
+        lines.append(f"--resume cannot continue it ({result['resume_problem']}): start it over with:  "
+                     f"fedsweep tune {sweep_path} --restart")
+    if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed") or result.get("stopped_by")):
         lines.append(f"Ray's logs of it: {result['ray_session']}/logs")
     lines += [f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}",
               f"compare the trials:  {ui_command(result['tracking_uri'])}",
               *([f"           and open:  {ui_url(result['experiment_id'])}"] if result.get("experiment_id") else []),
               f"report:              fedsweep report {sweep_path}"]
     return "\n".join(lines)
+
+
+def tune_status(result: dict) -> int:
+    """``fedsweep tune``'s exit status (its epilog says what each means)."""
+    if result["unfinished"] or result.get("stopped_by"):
+        return 1
+    if result.get("unlogged") or result.get("unlogged_lost"):
+        return 5
+    return 4 if result.get("failed") or result.get("incomplete") else 0
 
 
 def _dispatch(args) -> int:
@@ -136,12 +176,16 @@ def _dispatch(args) -> int:
         from fedsweep.runs.run import run   # checks every option and output, then loads the data, then trains
         summary = run(cfg, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
+        unlogged = 5 if summary.get("mlflow_unlogged") else None
         if summary["status"] == "interrupted":
             more = (f"continue with --resume {os.path.join(args.checkpoint_dir, 'last.ckpt')}" if args.checkpoint_dir
                     else "without --checkpoint-dir it cannot be continued")
             print(f"fedsweep: interrupted after round {summary['rounds']} of {cfg.rounds}; {more}", file=sys.stderr)
             return 130
-        return 0 if summary["status"] == "finished" else 3
+        return unlogged or (0 if summary["status"] == "finished" else 3)
+    if args.command == "log":
+        from fedsweep.runs.live import log_unlogged
+        return log_unlogged(args.folder, args.tracking_uri, args.experiment)
     if args.command == "tune":
         if args.all and not args.dry_run:
             raise ConfigError("--all: it prints every row of --dry-run's trial table; give it with --dry-run")
@@ -151,7 +195,7 @@ def _dispatch(args) -> int:
         if args.dry_run:
             return 0
         print(sweep_outcome(result, args.sweep))
-        return 1 if result["unfinished"] else 4 if result.get("failed") or result.get("incomplete") else 0
+        return tune_status(result)
     if args.command == "report":
         from fedsweep.report import write_report
         from fedsweep.sweep.search import sampled_keys

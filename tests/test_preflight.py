@@ -38,6 +38,16 @@ def checkpoint(tmp_path_factory):
     return d / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A checkpoint of ``tiny_raw(rounds=5)`` stopped after round 2."""
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
+    d = tmp_path_factory.mktemp("half")
+    train(build_config(tiny_raw(rounds=5)), progress=False, ckpt_dir=d, max_rounds=2)
+    return d / "last.ckpt"
+
+
 def files(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
@@ -77,11 +87,23 @@ BAD = [
      "does not match this config (algorithm.name: 'fedavg' in the checkpoint, 'scaffold' here)"),
     ("resume-other-optimizer", lambda t, c: ["--resume", str(c), "--set", "server.optimizer=adam"],
      "server.optimizer: 'sgd' in the checkpoint, 'adam' here"),
+    ("resume-other-lr", lambda t, c: ["--resume", str(c), "--set", "local.lr=0.05"],
+     "(local.lr: 0.1 in the checkpoint, 0.05 here); a resumed run keeps the config it was trained with"),
+    ("resume-fewer-rounds", lambda t, c: ["--resume", str(c), "--set", "rounds=2"],
+     "the checkpoint has done 3 rounds, more than rounds=2 here"),
+    ("resume-into-another-runs-folder", lambda t, c: ["--resume", str(c), "--checkpoint-dir", f"{t}/other"],
+     "/other: it holds another run's checkpoint (fedavg, seed 3, round 2 of 5), which this run would replace; "
+     "give this run a folder of its own"),
+    ("fresh-run-into-an-interrupted-runs-folder", lambda t, c: ["--checkpoint-dir", f"{t}/half"],
+     "continue that run with --resume"),
+    ("experiment-name-too-long", lambda t, c: ["--set", "mlflow.enabled=true", "--set", f"mlflow.experiment={'x' * 501}"],
+     "mlflow.experiment: 501 characters, and MLflow takes at most 500"),
 ]
 
 
 @pytest.mark.parametrize("case,args,needle", BAD, ids=[b[0] for b in BAD])
-def test_bad_output_or_store_fails_before_training(tmp_path, monkeypatch, capsys, checkpoint, case, args, needle):
+def test_bad_output_or_store_fails_before_training(tmp_path, monkeypatch, capsys, checkpoint, interrupted, case, args,
+                                                   needle):
     monkeypatch.chdir(tmp_path)                    # a default store or a stray file would land here
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
@@ -98,6 +120,10 @@ def test_bad_output_or_store_fails_before_training(tmp_path, monkeypatch, capsys
     (tmp_path / "half.ckpt").write_bytes(data[:len(data) // 2])
     torch.save({"a": 1}, tmp_path / "foreign.ckpt")
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.ckpt")
+    (tmp_path / "other").mkdir()                     # another run's checkpoint
+    (tmp_path / "other" / "last.ckpt").write_bytes(interrupted.read_bytes())
+    (tmp_path / "half").mkdir()                      # a run stopped at round 2 of 5
+    (tmp_path / "half" / "last.ckpt").write_bytes(interrupted.read_bytes())
     cfg = write(tmp_path / "cfg.yaml", tiny_raw())
     before = files(tmp_path)
     assert main(["run", cfg, *args(tmp_path, checkpoint)]) == 2
@@ -121,7 +147,7 @@ def test_output_json_creates_its_folders(tmp_path, monkeypatch, capsys):
 def test_resume_with_more_rounds_passes_the_check(tmp_path, capsys, checkpoint):
     cfg = write(tmp_path / "cfg.yaml", tiny_raw())
     out = tmp_path / "out.json"
-    assert main(["run", cfg, "--resume", str(checkpoint), "--set", "rounds=4", "--set", "local.lr=0.05",
+    assert main(["run", cfg, "--resume", str(checkpoint), "--set", "rounds=4", "--set", "eval.batch_size=7",
                  "--output-json", str(out), "--quiet"]) == 0
     assert json.loads(out.read_text())["rounds"] == 4
 

@@ -342,6 +342,13 @@ def _driver_writer(tmp_path):
     return client, writer, payloads, Trial("run_unit", config={"trial": 1}, trial_id="t1", stub=True)
 
 
+def written(callback, key=("t1", 1)) -> str:
+    """The MLflow id of ``callback``'s run ``key``, once its writer has made every write it holds
+    (the driver's writes go through a thread of their own)."""
+    assert callback.writer.drain(30)
+    return callback.writer.run_id(callback.runs[key])
+
+
 def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_path):
     """The driver creates a trial's run, then logs its params: `kill -9` between the two left a run
     without them (seen once in ten runs of the test above, as a KeyError on `seed`). Tune's restored
@@ -355,7 +362,7 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     client, writer, payloads, trial = _driver_writer(tmp_path)
     restored = cloudpickle.loads(cloudpickle.dumps(writer))      # as Tune restores it on --resume
     writer.on_trial_start(0, [trial], trial)
-    run_id = writer.runs[("t1", 1)]
+    run_id = written(writer)
     expected = {k: str(v) for k, v in RunConfig(**payloads[1]["run"]).flat().items()}
     assert expected["local.lr"] == "1e+30" and expected["algorithm.name"] == "fedavg"
     assert client.get_run(run_id).data.params == expected
@@ -363,7 +370,7 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
         db.execute("DELETE FROM params WHERE run_uuid = ? AND key != 'seed'", (run_id,))
     assert client.get_run(run_id).data.params == {"seed": expected["seed"]}
     restored.on_trial_start(0, [trial], trial)
-    assert restored.runs[("t1", 1)] == run_id and client.get_run(run_id).data.params == expected
+    assert written(restored) == run_id and client.get_run(run_id).data.params == expected
 
     # Killed after the run's last write (its status tag says finished) and before ending it: the
     # restored writer ends it, and leaves it closed (Tune replays the trial; nothing is rewritten).
@@ -371,12 +378,14 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     assert client.get_run(run_id).info.status == "RUNNING"
     again = cloudpickle.loads(cloudpickle.dumps(writer))
     again.on_trial_start(0, [trial], trial)
+    assert written(again) == run_id
     assert client.get_run(run_id).info.status == "FINISHED" and ("t1", 1) in again.closed
     # Tune's replay ends that trial again, its final report carrying the artifacts drawn again: the
     # run is kept as it was, and nothing is logged a second time.
     again.on_trial_result(0, [trial], trial, {"members": {"1": {"rows": [], "status": "finished",
                                                                 "artifacts": {"summary.json": b"{}"}}}})
     again.on_trial_complete(0, [trial], trial)
+    assert written(again) == run_id
     assert client.get_run(run_id).info.status == "FINISHED" and client.list_artifacts(run_id) == []
 
 
@@ -386,13 +395,14 @@ def test_a_members_last_rows_are_written_at_its_last_report(tmp_path):
     run's close; the run's summary and status still come only with the close."""
     client, writer, _, trial = _driver_writer(tmp_path)
     writer.on_trial_start(0, [trial], trial)
-    run_id = writer.runs[("t1", 1)]
+    run_id = written(writer)
 
     def report(rounds, **final):
         rows = [{"round": r, "train/loss": 1.0 / r} for r in rounds]
         result = {"members": {"1": {"rows": rows, **final}}}
         writer.on_trial_result(0, [trial], trial, result)
         trial.update_last_result(result)                 # as Tune does, after its callbacks: the same dict
+        written(writer)
         return [m.step for m in client.get_metric_history(run_id, "train/loss")]
 
     assert report([1, 2]) == [1, 2]                  # the first report is written
@@ -404,6 +414,7 @@ def test_a_members_last_rows_are_written_at_its_last_report(tmp_path):
     assert run.info.status == "RUNNING" and run.data.tags["fedsweep.status"] == "running"
     assert "artifacts" not in trial.last_result["members"]["1"]   # not kept in Tune's snapshots
     writer.on_trial_complete(0, [trial], trial)      # the close writes the summary, artifacts and status
+    written(writer)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["fedsweep.status"] == "finished"
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2, 3, 4]
@@ -420,7 +431,7 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     from ray.tune.experiment import Trial
 
     from fedsweep.cli import sweep_outcome
-    from fedsweep.sweep.tune import _outcomes
+    from fedsweep.sweep.ending import _outcomes
     client, writer, payloads, missing = _driver_writer(tmp_path)
     done, stopped = (Trial("run_unit", config={"trial": i}, trial_id=f"t{i}", stub=True) for i in (0, 2))
     rows = [{"round": r, "train/loss": 1.0, "round/seconds": 0.1, "comm/up_models": 4.0, "comm/down_models": 4.0,
@@ -437,6 +448,7 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
         writer.on_trial_result(0, [trial], trial, result)
         trial.update_last_result(result)
         writer.on_trial_complete(0, [trial], trial)
+    assert writer.writer.drain(30)
     runs = {r.data.tags["ray.trial_id"]: r for r in trial_runs(writer.uri, "p")[1]}
     assert runs["t0"].info.status == "FINISHED" and runs["t0"].data.tags["fedsweep.status"] == "finished"
     where = tmp_path / "storage" / "p" / "trial_checkpoints"
@@ -466,26 +478,15 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     assert "## Failed trials" not in text
 
 
-def test_metric_batches_keep_rounds_whole_and_the_summary_last():
-    """A flush's log_batch calls: at most 1000 metrics each (MLflow's limit), no round split over two
-    calls, the summary (sent with the status tags) in the last."""
-    from mlflow.entities import Metric
-
-    from fedsweep.runs.tracking import metrics_of
-    from fedsweep.sweep.callbacks import metric_batches
-    rows = metrics_of([{"round": r, "train/loss": 1.0, "test/accuracy": 0.5, "round/seconds": 0.1}
-                       for r in range(1, 401)], 0)                       # 3 a round, 1200 in all
-    summary = [Metric(f"summary/{i}", 1.0, 0, 0) for i in range(5)]
-    calls = metric_batches(rows, summary)
-    assert [len(c) for c in calls] == [999, 206] and calls[-1][-5:] == summary
-    where = {}
-    for i, call in enumerate(calls):
-        for m in call[:len(call) - (5 if i == len(calls) - 1 else 0)]:
-            where.setdefault(m.step, set()).add(i)
-    assert sorted(where) == list(range(1, 401)) and all(len(v) == 1 for v in where.values())
-    assert [len(c) for c in metric_batches(rows[:999], summary)] == [999, 5]   # the summary alone
-    assert [len(c) for c in metric_batches(rows[:990], summary)] == [995]
-    assert metric_batches([], []) == [[]]                                       # tags only
+def test_metric_rows_are_written_in_whole_rounds_within_mlflows_limit():
+    """A write of metric rows: at most 1000 metrics a call (MLflow's limit), no round split over two
+    calls, so a driver cut off between two calls leaves no round half written."""
+    from fedsweep.runs.writer import whole_rounds
+    rows = [{"round": r, "train/loss": 1.0, "test/accuracy": 0.5, "round/seconds": 0.1} for r in range(1, 401)]
+    chunks = whole_rounds(rows)                                  # 3 metrics a round, 1200 in all
+    assert [len(c) for c in chunks] == [333, 67] and sum(chunks, []) == rows
+    assert whole_rounds(rows[:333]) == [rows[:333]] and whole_rounds([]) == []
+    assert [len(c) for c in whole_rounds([{"round": 1, **{f"m{i}": 1.0 for i in range(1200)}}])] == [1]   # never split
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "kill"])
@@ -515,7 +516,8 @@ def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypat
             os.killpg(proc.pid, signal.SIGKILL)
     statuses = _statuses(uri, "i")
     unfinished = 4 - statuses.count("finished")
-    assert proc.returncode == 1 and f"; {unfinished} of 4 unfinished: continue with --resume" in out, out[-3000:]
+    assert proc.returncode == 1 and f"; {unfinished} of 4 unfinished\ncontinue with:  fedsweep tune {path} --resume" \
+        in out, out[-3000:]
     assert "logging.cc" not in out and "Traceback" not in out, out[-3000:]
     assert "running" not in statuses and statuses.count("interrupted") >= 1, statuses
     _, runs = trial_runs(uri, "i")

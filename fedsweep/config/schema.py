@@ -202,6 +202,12 @@ class MlflowConfig(_Strict):
     experiment: str = Field("fedsweep", description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name (default: algorithm and a short config tag).")
     log_model: bool = Field(True, description="Log the final model state dict as an artifact.")
+    retry_seconds: float = Field(
+        120.0, ge=0, description="How long a run's end waits for an MLflow store that fails (locked by another "
+        "writer, full, not answering) before it keeps the run's records in ./fedsweep_unlogged/ for "
+        "`fedsweep log` (a sweep's: until `--resume`). The run trains on while the store fails, its writes "
+        "retried in the background; a store that refuses the run for good (a deleted experiment) is not waited "
+        "for. 120 s rides out a store locked for a minute (sqlite itself waits 20 s a try).")
 
 
 class RunConfig(_Strict):

@@ -263,6 +263,8 @@ class FederatedModule(L.LightningModule):
             "client_log": self.client_log,
             "algorithm": self.algorithm.state_dict() if self.algorithm is not None else {},
             "config": self.cfg.model_dump(mode="json"),
+            # whose checkpoint this is (fedsweep/runs/checkpoints.py): never replaced by another run's
+            **({"identity": dict(self.identity)} if getattr(self, "identity", None) else {}),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -142,28 +141,6 @@ class _Progress:
         return Progress()
 
 
-class _Checkpointer:
-    """Saves ``<dir>/last.ckpt`` every ``every`` rounds and at the end (atomic rename)."""
-
-    def __new__(cls, directory: Path, every: int):
-        import lightning as L
-
-        class Checkpointer(L.Callback):
-            def _save(self, trainer):
-                directory.mkdir(parents=True, exist_ok=True)
-                tmp = directory / "last.ckpt.tmp"
-                trainer.save_checkpoint(tmp)
-                tmp.replace(directory / "last.ckpt")
-
-            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-                if every and module.rounds_done % every == 0:
-                    self._save(trainer)
-
-            def on_train_end(self, trainer, module):
-                self._save(trainer)
-        return Checkpointer()
-
-
 class _StopAfterRound:
     """Ctrl-C or SIGTERM during a run: finish the round in progress, then end the fit there, as a run
     ends after its last round (its checkpoint saved at that round, its evaluation, a summary). A
@@ -239,67 +216,16 @@ def quiet_logs() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
 
-# The config keys a resumed run must share with its checkpoint: they fix the shapes of the saved
-# state (per-client algorithm state, the server optimizer's) or what the run is.
-RESUME_KEYS = ("data.name", "data.num_clients", "model.name", "algorithm.name", "server.optimizer")
-
-
-def check_checkpoint(path: str | Path, module, key: str = "--resume") -> None:
-    """``path`` is a fedsweep checkpoint that ``module`` (built from this run's config) can resume.
-
-    One-line :class:`ConfigError` naming ``key`` if the file is empty, truncated or damaged, not a
-    fedsweep checkpoint, or from another config (a key of ``RESUME_KEYS`` differs, or the model has
-    another parameter count). Loads with ``weights_only=True, mmap=True``: tensor data is mapped, not
-    read, so the check costs a few ms whatever the checkpoint's size (Lightning then loads it again)."""
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if size < 4:
-        what = "empty file" if not size else f"{size} bytes"
-        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint ({what})")
-    if magic != b"PK\x03\x04":
-        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (not a zip archive as torch.save writes)")
-    import pickle
-    import zipfile
-    if not zipfile.is_zipfile(path):
-        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint (its zip archive has no end: "
-                          f"the file was cut short)")
-    try:
-        ckpt = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
-    except pickle.UnpicklingError:
-        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (it holds Python objects, not only "
-                          f"tensors and plain data)") from None
-    except Exception as e:   # zip/storage read errors come as OSError, RuntimeError, KeyError, EOFError
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")[:160]
-        raise ConfigError(f"{key} {path}: damaged or truncated checkpoint ({reason})") from None
-    state = ckpt.get("fedsweep") if isinstance(ckpt, dict) else None
-    weights = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
-    w = weights.get("w") if isinstance(weights, dict) else None
-    if not isinstance(state, dict) or not isinstance(w, torch.Tensor):
-        has = ", ".join(map(str, list(ckpt)[:6])) or "nothing" if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise ConfigError(f"{key} {path}: not a fedsweep checkpoint (no fedsweep state; it holds: {has})")
-    saved = flatten(state["config"]) if isinstance(state.get("config"), dict) else {}
-    here = module.cfg.flat()
-    diff = [k for k in RESUME_KEYS if k in saved and saved[k] != here[k]]
-    if w.numel() != module.w.numel():   # name the model keys that differ, if the checkpoint says
-        diff += [k for k in here if k.startswith("model.") and k not in diff and saved.get(k, here[k]) != here[k]]
-        if not diff:
-            raise ConfigError(f"{key} {path}: the checkpoint does not match this config (its model has "
-                              f"{w.numel()} parameters, this one {module.w.numel()})")
-    if diff:
-        said = ", ".join(f"{k}: {saved[k]!r} in the checkpoint, {here[k]!r} here" for k in diff)
-        raise ConfigError(f"{key} {path}: the checkpoint does not match this config ({said})")
-
-
 def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir: str | Path | None = None,
-              ckpt_every: int = 0, resume: str | Path | None = None) -> str | None:
-    """What :func:`run` checks before any work: options, output locations, the MLflow store.
-
-    One-line :class:`ConfigError` on the first problem; writes nothing. Returns the resolved tracking
-    URI (None without MLflow). A ``resume`` checkpoint's content is checked by :func:`train` (it
-    needs the built model). Cost: ~1 ms for a local sqlite store, one HTTP round trip for a server
-    (up to 5 s when none answers)."""
+              ckpt_every: int = 0, resume: str | Path | None = None) -> tuple[str | None, dict]:
+    """What :func:`run` checks before any work: options, output locations, the checkpoint to resume
+    and the one ``--checkpoint-dir`` holds (another run's is never replaced), the MLflow store and
+    experiment. One-line :class:`ConfigError` on the first problem; writes nothing. Returns the
+    resolved tracking URI (None without MLflow) and the run's identity (its checkpoint's, when
+    resumed). The resumed checkpoint's fit with the config is checked by :func:`train` (it needs the
+    built model). Cost: a few ms for a local sqlite store (~2 s with the MLflow import when it
+    exists), one HTTP round trip for a server (up to 5 s when none answers)."""
+    from fedsweep.runs.checkpoints import check_checkpoint_dir, identity_of, new_identity
     from fedsweep.runs.paths import check_writable_dir, check_writable_file
     from fedsweep.runs.tracking import check_store
     if ckpt_every < 0:
@@ -308,16 +234,22 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
         raise ConfigError("--checkpoint-every: needs --checkpoint-dir (where to save)")
     if resume is not None and not Path(resume).is_file():
         raise ConfigError(f"--resume: checkpoint not found: {resume}")
+    identity = identity_of(resume) if resume is not None else {}
     if output_json is not None:
         check_writable_file(output_json, "--output-json")
     if ckpt_dir is not None:
         check_writable_dir(ckpt_dir, "--checkpoint-dir")
-    return check_store(cfg.mlflow.tracking_uri) if cfg.mlflow.enabled else None
+        check_checkpoint_dir(ckpt_dir, resume, identity)
+    uri = check_store(cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment) if cfg.mlflow.enabled else None
+    return uri, identity or new_identity()
 
 
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
-          resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None):
-    """Build the module and fit it; returns the module (``module.history`` holds the metrics)."""
+          resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None,
+          identity: dict | None = None):
+    """Build the module and fit it; returns the module (``module.history`` holds the metrics).
+    ``identity``: the run's (:mod:`fedsweep.runs.checkpoints`), saved in its checkpoints."""
+    from fedsweep.runs.checkpoints import Checkpointer, check_checkpoint
     from fedsweep.util.allocator import keep_freed_memory
     from fedsweep.runs.module import FederatedModule
     from fedsweep.util.startup import end_startup
@@ -329,6 +261,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         raise ConfigError(f"--resume: checkpoint not found: {resume}")
     with matmul_precision(cfg.matmul_precision):
         module = FederatedModule(cfg, data=data)
+        module.identity = identity
         if resume is not None:
             check_checkpoint(resume, module)
         if progress:
@@ -345,7 +278,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         if progress:
             cbs.append(_Progress(cfg.rounds))
         if ckpt_dir is not None:
-            cbs.append(_Checkpointer(Path(ckpt_dir), ckpt_every))
+            cbs.append(Checkpointer(Path(ckpt_dir), ckpt_every))
         # Rounds are counted by optimizer steps (one server step per round), not epochs: a checkpoint
         # saved at the end of a cut-short fit marks its epoch complete, and resuming must still go on.
         stop = _StopAfterRound()
@@ -400,34 +333,69 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_
 
 def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool = True,
         ckpt_dir=None, ckpt_every: int = 0, resume=None, max_rounds=None, data=None, out=None) -> dict:
-    """Check (:func:`preflight`), train, summarise, log to MLflow; returns the summary (also written
-    to ``output_json``, its folders created, before MLflow is written and again with the run id)."""
-    from fedsweep.runs.tracking import log_run, ui_command, ui_url
-    uri = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
-    out = out or sys.stdout
+    """Check (:func:`preflight`), train while the MLflow run is written (:mod:`fedsweep.runs.live`),
+    summarise; returns the summary (also written to ``output_json``, its folders created, before
+    the end of the MLflow run and again with the run id). If the MLflow store still fails at the end,
+    the summary's ``mlflow_unlogged`` names the folder its records are kept in."""
+    uri, identity = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
+    with _checkpoint_dir_lock(ckpt_dir, resume, identity):
+        return _run(cfg, uri, identity, output_json=output_json, progress=progress, ckpt_dir=ckpt_dir,
+                    ckpt_every=ckpt_every, resume=resume, max_rounds=max_rounds, data=data, out=out or sys.stdout)
+
+
+@contextlib.contextmanager
+def _checkpoint_dir_lock(ckpt_dir, resume, identity: dict):
+    """One run at a time writes ``--checkpoint-dir``: its lock is held while the run trains, and the
+    folder's checkpoint is checked again under it (another run may have written one since preflight)."""
+    if ckpt_dir is None:
+        yield
+        return
+    from fedsweep.runs.checkpoints import check_checkpoint_dir
+    from fedsweep.util.locks import SweepLock
+    Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+    with SweepLock(Path(ckpt_dir) / "last.ckpt.lock", "", busy=f"--checkpoint-dir {ckpt_dir}: another fedsweep run "
+                   "writes its checkpoint there") as lock:
+        lock.acquire()
+        check_checkpoint_dir(ckpt_dir, resume, identity)
+        yield
+
+
+def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progress, ckpt_dir, ckpt_every, resume,
+         max_rounds, data, out) -> dict:
+    from fedsweep.runs.live import LiveRun, artifact_bytes
+    from fedsweep.runs.tracking import ui_command, ui_url
+    live = None
+    if cfg.mlflow.enabled:
+        if uri.startswith(("http://", "https://")):   # a server gone mid-run: fail each try in seconds,
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
+        live = LiveRun(cfg, uri, identity)
+        live.start()
     t0 = time.perf_counter()
     module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
-                   max_rounds=max_rounds, data=data)
+                   max_rounds=max_rounds, data=data, identity=identity, callbacks=[live.callback()] if live else ())
     summary = summarize(cfg, module.history, module.diverged)
     if module.interrupted:
         summary["status"] = "interrupted"
     summary["wall_seconds"] = time.perf_counter() - t0
     print(format_summary(summary), file=out)
-    if output_json is not None:   # before MLflow: a store that fails now does not lose the summary
+    if output_json is not None:   # before MLflow's end: a store that fails now does not lose the summary
         Path(output_json).parent.mkdir(parents=True, exist_ok=True)
         Path(output_json).write_text(summary_json(summary))
-    if cfg.mlflow.enabled:
-        if uri.startswith(("http://", "https://")):   # a server gone since the check: fail in seconds,
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
-        with tempfile.TemporaryDirectory() as tmp:
-            write_artifacts(cfg, module, summary, Path(tmp))
-            experiment_id, run_id = log_run(cfg, module.history, summary, Path(tmp), uri=uri,
-                                            params={"engine_used": module.engine_name})
+    if live is None:
+        return summary
+    ended = live.finish(module, summary, artifact_bytes(cfg, module, summary))
+    if isinstance(ended, Path):
+        summary["mlflow_unlogged"] = str(ended)
+        print(f"fedsweep: the MLflow store at {uri} did not take this run ({live.writer.failure[0] if live.writer.failure else 'no answer'}); "
+              f"its records are kept in {ended}: once the store works, log them with: fedsweep log {ended}",
+              file=sys.stderr)
+    else:
+        experiment_id, run_id = ended
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
               f"open it with:  {ui_command(uri)}\n"
               f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
-        if output_json is not None:
-            Path(output_json).write_text(summary_json(summary))
+    if output_json is not None:
+        Path(output_json).write_text(summary_json(summary))
     return summary

@@ -49,7 +49,7 @@ def _source(uri: str | None) -> str:
     return "mlflow.tracking_uri (default)"
 
 
-def _check_sqlite(uri: str, key: str) -> None:
+def _check_sqlite(uri: str, key: str, experiment: str | None = None) -> None:
     from fedsweep.runs.paths import _dir_problem
     db = sqlite_path(uri)
     if str(db) in ("", ".", ":memory:"):
@@ -91,23 +91,52 @@ def _check_sqlite(uri: str, key: str) -> None:
         raise ConfigError(f"{key} {uri}: {db} is a sqlite database of something else (tables {shown}), not an "
                           f"MLflow store; fedsweep writes nothing into it: give the store a file of its own")
     if found:
-        _open_with_mlflow(uri, key)
+        _open_with_mlflow(uri, key, experiment)
 
 
-def _open_with_mlflow(uri: str, key: str) -> None:
+def _open_with_mlflow(uri: str, key: str, experiment: str | None = None) -> None:
     """An existing MLflow store, opened as MLflow opens it: MLflow refuses a store of another schema
     version (its own idea of "current" is not simply the newest migration, so ask it rather than
-    read its migration scripts). Costs the MLflow import (~2 s) that logging pays anyway."""
+    read its migration scripts); and ``experiment``, if the store has it, not deleted. A store busy
+    with another writer (locked past sqlite's 20 s wait) is not refused: runs wait for it as they
+    train (fedsweep/runs/writer.py). Costs the MLflow import (~2 s) that logging pays anyway."""
     from mlflow import MlflowClient
 
     from fedsweep.util.locks import store_lock
     try:
         with store_lock(sqlite_path(uri).parent):   # not mid-creation
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            client = MlflowClient(tracking_uri=uri)
+            client.search_experiments(max_results=1)
+            found = client.get_experiment_by_name(experiment) if experiment else None
     except Exception as e:  # noqa: BLE001 - MLflow's own words, in one line
+        if getattr(e, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
+            return
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"{key} {uri}: MLflow cannot use this store ({first}); if it was made by another "
                           f"MLflow version, back it up, then run: mlflow db upgrade {uri}") from None
+    if found is not None:
+        refuse_deleted(found, uri)
+
+
+def refuse_deleted(experiment, uri: str) -> None:
+    """A deleted experiment keeps its name in MLflow's trash, and MLflow refuses runs in it."""
+    if experiment.lifecycle_stage == "deleted":
+        raise ConfigError(
+            f"mlflow.experiment: experiment {experiment.name!r} was deleted in {uri} (MLflow keeps it in its trash, "
+            f"where its name cannot take runs); restore it (MLFLOW_TRACKING_URI={uri} mlflow experiments restore "
+            f"--experiment-id {experiment.experiment_id}), or pick another name")
+
+
+def check_experiment_name(name: str, key: str = "mlflow.experiment") -> None:
+    """A name MLflow takes for an experiment: not empty, at most 500 characters."""
+    if not name or not name.strip():
+        raise ConfigError(f"{key}: an experiment needs a name (not empty)")
+    if len(name) > MAX_EXPERIMENT_NAME:
+        raise ConfigError(f"{key}: {len(name)} characters, and MLflow takes at most {MAX_EXPERIMENT_NAME} for an "
+                          f"experiment's name ({name[:40]!r}...)")
+
+
+MAX_EXPERIMENT_NAME = 500   # MLflow 3.17's limit (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH)
 
 
 def _check_http(uri: str, key: str, timeout: float) -> None:
@@ -128,7 +157,8 @@ def _check_http(uri: str, key: str, timeout: float) -> None:
                           f"--port 5000, or mlflow ui), or use a sqlite:/// store") from None
 
 
-def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None = None) -> str:
+def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None = None,
+                experiment: str | None = None) -> str:
     """Check before any work that runs can be logged to the tracking store; returns the resolved URI.
 
     ``uri`` is resolved as :func:`resolve_tracking_uri` does (None: ``$MLFLOW_TRACKING_URI``, else the
@@ -146,13 +176,18 @@ def check_store(uri: str | None = None, *, timeout: float = 5.0, key: str | None
     - ``file:``: MLflow 3.17 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
 
     Other schemes (databricks, postgresql, ...) are left to MLflow.
+
+    ``experiment``: the experiment runs will go to: a name MLflow takes (:func:`check_experiment_name`)
+    and, in an existing sqlite store, not a deleted one (:func:`refuse_deleted`).
     """
+    if experiment is not None:
+        check_experiment_name(experiment)
     key = key or _source(uri)
     resolved = resolve_tracking_uri(uri)
     scheme = resolved.split(":", 1)[0].lower()
     if scheme == "sqlite":
         if resolved.startswith("sqlite:///"):
-            _check_sqlite(resolved, key)
+            _check_sqlite(resolved, key, experiment)
     elif scheme in ("http", "https"):
         _check_http(resolved, key, timeout)
     elif scheme == "file":
@@ -196,9 +231,11 @@ def _artifact_root(uri: str) -> str | None:
 
 
 def quiet_store_logs() -> None:
-    """Only warnings and errors from MLflow's store set-up and alembic (its schema-creation chatter)."""
+    """Nothing from MLflow's store set-up (its schema-creation chatter, and a failed query's whole
+    traceback: the error reaches fedsweep, which says it in one line) and only warnings and errors
+    from alembic."""
     import logging
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
@@ -241,14 +278,28 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 def _get_or_create(client, name: str, uri: str) -> str:
     key, kind = EXPERIMENT_KIND
+    check_experiment_name(name)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         root = _artifact_root(uri)
-        return client.create_experiment(name, artifact_location=f"{root}/{name}" if root else None,
+        return client.create_experiment(name, artifact_location=f"{root}/{artifact_folder(name)}" if root else None,
                                         tags={key: kind})
+    refuse_deleted(exp, uri)
     if key not in exp.tags:               # made by an older fedsweep: its runs view from now on
         client.set_experiment_tag(exp.experiment_id, key, kind)
     return exp.experiment_id
+
+
+def artifact_folder(name: str) -> str:
+    """The folder of an experiment's artifacts beside a sqlite store: its name where that is a plain
+    folder name, else a safe part of it and a hash (a name may hold '/', or pass a file system's
+    255 bytes: MLflow takes 500 characters)."""
+    import hashlib
+    import re
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,99}", name) and not name.endswith((" ", ".")):
+        return name
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60].strip("._") or "experiment"
+    return f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
 
 
 def dataset_input(run: dict):
@@ -299,30 +350,6 @@ def run_tags(summary: dict) -> dict[str, str]:
     if summary.get("diverged_round") is not None:
         tags["fedsweep.diverged_round"] = str(summary["diverged_round"])
     return tags
-
-
-def log_run(cfg: RunConfig, history: list[dict], summary: dict, artifacts_dir: Path,
-            uri: str | None = None, tags: dict | None = None, params: dict | None = None) -> tuple[str, str]:
-    """Write one finished run to MLflow; returns its experiment's id and its run id."""
-    import time
-
-    from mlflow.entities import RunTag
-
-    uri = resolve_tracking_uri(uri or cfg.mlflow.tracking_uri)
-    client, exp_id = open_experiment(uri, cfg.mlflow.experiment)
-    name = cfg.mlflow.run_name or f"{cfg.algorithm.name}-seed{cfg.seed}"
-    run = client.create_run(exp_id, run_name=name, tags={**run_tags(summary), **(tags or {})})
-    rid = run.info.run_id
-    client.log_inputs(rid, datasets=[dataset_input(cfg.model_dump(mode="json"))])
-    now = int(time.time() * 1000)
-    log_params(client, rid, {**cfg.flat(), **(params or {})})
-    metrics = metrics_of(history, now) + summary_metrics(summary, now)
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(rid, metrics=metrics[i:i + 1000])
-    client.log_batch(rid, tags=[RunTag("fedsweep.algorithm", cfg.algorithm.name)])
-    client.log_artifacts(rid, str(artifacts_dir))
-    client.set_terminated(rid, status=MLFLOW_STATUS.get(summary.get("status", "finished"), "FAILED"))
-    return exp_id, rid
 
 
 def log_params(client, run_id: str, params: dict) -> None:

@@ -16,9 +16,8 @@
 from __future__ import annotations
 
 import json
-import tempfile
+import sys
 import time
-from itertools import groupby
 from pathlib import Path
 
 from fedsweep.config.schema import RunConfig
@@ -33,23 +32,9 @@ FINAL_STATUSES = ("finished", "stopped", "diverged", "failed", "incomplete")
 FLUSH_SECONDS = 10.0
 
 
-def metric_batches(rows: list, last: list, limit: int = 1000) -> list[list]:
-    """The ``log_batch`` calls of a flush: MLflow takes ``limit`` metrics a call; each call holds
-    whole rounds (``rows``: metric records in round order), and ``last`` (the summary, sent with the
-    status tags) goes in the last call. A driver killed between two calls then leaves no round half
-    written and no run marked done with rounds missing: the resumed sweep goes on after the last
-    round whose ``train/loss`` is in MLflow, and a run's status says done only when all of it is."""
-    calls, part = [], []
-    for _, round_ in groupby(rows, key=lambda m: m.step):   # a round's ~10 metrics: always below limit
-        round_ = list(round_)
-        if part and len(part) + len(round_) > limit:
-            calls.append(part)
-            part = []
-        part.extend(round_)
-    if part and len(part) + len(last) > limit:
-        calls.append(part)
-        part = []
-    return [*calls, [*part, *last]]
+#: The callback of each sweep this process drives, by its MLflow parent run: the driver closes its
+#: writes when Tune returns (a restored sweep's callback is unpickled by Tune, not made here).
+SWEEPS: dict[str, object] = {}
 
 
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, store,
@@ -57,7 +42,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
     child run per sweep trial, a packed one's included: a Tune trial of a pack writes several.
     ``store``: the sweep's folder of the storage (:class:`fedsweep.sweep.storage.Storage`), where the
-    trials keep their checkpoints."""
+    trials keep their checkpoints. Writes go through a :class:`~fedsweep.runs.writer.Writer`: a store
+    that fails mid-sweep never stops it (they wait, and are retried, or kept for ``--resume``)."""
     from ray import tune
 
     class MlflowTrials(tune.Callback):
@@ -70,7 +56,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self._reset()
 
         def _reset(self, restored: bool = False):
-            self.runs: dict[tuple, str] = {}        # (Tune trial id, sweep trial index) -> MLflow run id
+            from fedsweep.runs.writer import Writer
+            self.writer = Writer(self.uri, say=lambda line: print(f"[mlflow] {line.removeprefix('MLflow: ')}",
+                                                                  file=sys.stderr, flush=True))
+            self.writer.adopt(PARENT, self.parent_id)
+            self.runs: dict[tuple, str] = {}        # (Tune trial id, sweep trial index) -> its writer key
             self.logged: dict[tuple, int] = {}      # -> last round logged or waiting in `pending`
             self.pending: dict[tuple, list] = {}    # -> rows not yet written
             self.flushed: dict[tuple, float] = {}   # -> when rows were last written
@@ -80,8 +70,15 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
             self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
             self.drawn: dict[tuple, dict] = {}      # -> the artifacts of its final report (name -> bytes)
+            self.ended: dict[int, tuple[str, str]] = {}   # sweep trial -> (status, error) it ended with here
+            self.tune_trials: list = []             # Tune's trials, as of the experiment's end
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
+            # Imported here, not read as a global: cloudpickle copies a global the class's methods read
+            # into Tune's pickle of this class, and this one holds the instance (a cycle that unpickles it
+            # before its class has its methods, so without _reset).
+            from fedsweep.sweep.callbacks import SWEEPS
+            SWEEPS[self.parent_id] = self
 
         def __getstate__(self):
             return {k: getattr(self, k) for k in self._KEPT}
@@ -95,22 +92,26 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
 
         @property
         def client(self):
+            """For reads only (a restored sweep finding its runs); every write goes through the writer."""
             if getattr(self, "_client", None) is None:
                 from mlflow import MlflowClient
                 self._client = MlflowClient(tracking_uri=self.uri)
             return self._client
 
         def _run_for(self, trial, index: int) -> str:
+            """The writer's key of sweep trial ``index``'s run (created, or found again after a resume)."""
             # `searcher: optuna`: the values drawn for the trial, in its payload from its first event on
             self.payloads[index] = drawn_payload(self.payloads[index], trial.config.get("sampled"))
             key = (trial.trial_id, index)
             if key in self.runs:
                 return self.runs[key]
+            run = self.runs[key] = f"{trial.trial_id}/{index}"
             found = self.restored and self.client.search_runs(
                 [self.experiment_id], filter_string=f"tags.`ray.trial_id` = '{trial.trial_id}' and "
                 f"tags.`fedsweep.trial` = '{index}' and tags.`mlflow.parentRunId` = '{self.parent_id}'", max_results=1)
             if found:
                 run_id = found[0].info.run_id
+                self.writer.adopt(run, run_id)
                 status = found[0].data.tags.get("fedsweep.status")
                 if status in ("finished", "diverged", "stopped"):
                     # Done before an interruption that Tune's last snapshot did not see: Tune
@@ -118,36 +119,36 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     # but ended (the driver may have been killed between its last write and that).
                     self.closed.add(key)
                     if found[0].info.status == "RUNNING":
-                        self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
+                        self.writer.end(run, MLFLOW_STATUS[status])
                 elif status in ("failed", "interrupted"):   # `--resume` retries them: reopen the run
-                    self.client.set_tag(run_id, "fedsweep.status", "running")
-                    self.client.update_run(run_id, status="RUNNING")
+                    self.writer.batch(run, tags={"fedsweep.status": "running"})
+                    self.writer.delete_tag(run, "fedsweep.error")   # it goes on; a new failure says its own
+                    self.writer.status(run, "RUNNING")
                 history = self.client.get_metric_history(run_id, "train/loss")
                 self.logged[key] = max((m.step for m in history), default=0)
-                self._log_params(run_id, index, have=found[0].data.params)
+                self._log_params(run, index, have=found[0].data.params)
             else:
                 info = self.payloads[index]
-                run_id = self.client.create_run(self.experiment_id, run_name=info.get("name", info["label"]), tags={
+                self.writer.open_run(run, experiment_id=self.experiment_id, name=info.get("name", info["label"]), tags={
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
                     "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
                     **({"fedsweep.draw": str(info["draw"])} if "draw" in info else {}),   # optuna's draw order
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
-                       else {})}).info.run_id
-                self._log_params(run_id, index)
-                from fedsweep.runs.tracking import dataset_input
-                self.client.log_inputs(run_id, datasets=[dataset_input(info["run"])])
+                       else {})}, params=self._params(index), config=info["run"])
                 self.logged[key] = 0
-            self.runs[key] = run_id
-            return run_id
+            return run
 
-        def _log_params(self, run_id: str, index: int, have: dict | None = None):
+        def _params(self, index: int) -> dict:
+            return RunConfig(**self.payloads[index]["run"]).flat()
+
+        def _log_params(self, run: str, index: int, have: dict | None = None):
             """The sweep trial's config as the run's params, those not in ``have``: a driver killed
             between creating a run and logging them (or between two batches of them) left a run
             without its learning rate or seed, which the resumed sweep fills in."""
-            from fedsweep.runs.tracking import log_params
-            flat = RunConfig(**self.payloads[index]["run"]).flat()
-            log_params(self.client, run_id, {k: v for k, v in flat.items() if k not in (have or {})})
+            missing = {k: v for k, v in self._params(index).items() if k not in (have or {})}
+            if missing:
+                self.writer.batch(run, params=missing)
 
         def on_trial_start(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
@@ -156,9 +157,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
         def on_trial_result(self, iteration, trials, trial, result, **info):
             for index, part in result.get("members", {}).items():
                 key = (trial.trial_id, int(index))
-                run_id = self._run_for(trial, int(index))
+                run = self._run_for(trial, int(index))
                 if "resumed_from" in result and key not in self.closed:   # retried or resumed, from its checkpoint
-                    self.client.set_tag(run_id, "fedsweep.resumed_from_round", str(result["resumed_from"]))
+                    self.writer.batch(run, tags={"fedsweep.resumed_from_round": str(result["resumed_from"])})
                 done = self.logged.get(key, 0)
                 rows = [r for r in part.get("rows", []) if r["round"] > done]
                 if rows:
@@ -179,30 +180,19 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.flush(key)
 
         def on_experiment_end(self, trials, **info):
+            self.tune_trials = list(trials)
             self.flush()            # Tune calls this after an interruption (Ctrl-C) too
 
-        def flush(self, key=None, metrics=(), tags=None):
-            """Write what waits for run ``key`` (every run's without one): its rows, its
-            ``engine_used`` param, and ``metrics`` and ``tags`` given here, in as few ``log_batch``
-            calls as MLflow's limits allow (each is a sqlite commit, the driver's main cost)."""
-            from mlflow.entities import Param, RunTag
-
-            from fedsweep.runs.tracking import metrics_of
+        def flush(self, key=None, metrics: dict | None = None, tags: dict | None = None):
+            """Hand the writer what waits for run ``key`` (every run's without one): its rows, its
+            ``engine_used`` param, and ``metrics`` and ``tags`` given here. The rows go first: a run's
+            summary and status never reach the store before every round it has."""
             for k in [key] if key is not None else list({*self.pending, *self.engine_param}):
-                rows = self.pending.pop(k, [])
                 self.flushed[k] = time.time()
-                params = [Param("engine_used", self.engine_param.pop(k))] if k in self.engine_param else []
-                tag_list = [RunTag(n, v) for n, v in (tags or {}).items()]
-                calls = metric_batches(metrics_of(rows, int(time.time() * 1000)), list(metrics))
-                for i, part in enumerate(calls):
-                    last = i == len(calls) - 1
-                    if part or (last and (params or tag_list)):
-                        # Newest round first: MLflow keeps each key's latest value (the runs table's
-                        # column) by overwriting it with every newer value of the call; in this order
-                        # it is set once per key (~3 ms less a trial of 740 values). One call is one
-                        # transaction, so the rows and latest values stored are the same either way.
-                        self.client.log_batch(self.runs[k], metrics=part[::-1], params=params if last else [],
-                                              tags=tag_list if last else [])
+                self.writer.rows(self.runs[k], self.pending.pop(k, []))
+                params = {"engine_used": self.engine_param.pop(k)} if k in self.engine_param else {}
+                if params or metrics or tags:
+                    self.writer.batch(self.runs[k], metrics=metrics, params=params, tags=tags)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
@@ -219,13 +209,13 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             from fedsweep.runs.run import summarize
             from fedsweep.runs.tracking import run_tags, summary_metrics
             key = (trial.trial_id, index)
-            run_id = self._run_for(trial, index)
+            run = self._run_for(trial, index)
             drawn = self.drawn.pop(key, None)
             if key in self.closed:   # a resumed sweep's run that was done before the interruption
                 self.flush(key)
                 return
             self.closed.add(key)
-            tags, metrics, summary = {"fedsweep.status": status}, [], None
+            tags, metrics, summary = {"fedsweep.status": status}, {}, None
             if status in ("finished", "diverged") and drawn and "summary.json" in drawn:
                 summary = {**json.loads(drawn["summary.json"]), "status": status}
             else:   # stopped by a scheduler, or failed: what its last checkpoint holds
@@ -240,13 +230,24 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     tags["fedsweep.status"] = status = "incomplete"
                     error = f"no summary or artifacts reached the driver ({last}; {why})"
             if summary is not None:
-                metrics = summary_metrics(summary, int(time.time() * 1000))
-                _log_files(self.client, run_id, drawn)
+                metrics = {m.key: m.value for m in summary_metrics(summary, 0)}
+                self.writer.files(run, drawn)
                 tags = run_tags(summary)
             if error:
                 tags["fedsweep.error"] = error[:5000]
-            self.flush(key, metrics=metrics, tags=tags)   # rows still waiting, the summary and the status at once
-            self.client.set_terminated(run_id, status=MLFLOW_STATUS[status])
+            self.ended[index] = (status, error)
+            self.flush(key, metrics=metrics, tags=tags)   # rows still waiting, then the summary and the status
+            self.writer.end(run, MLFLOW_STATUS[status])
+
+        def close_open_runs(self) -> int:
+            """The runs this driver opened and did not end (Ctrl-C, or Tune stopped on a fault):
+            ``interrupted``, KILLED; ``--resume`` reopens them. Returns how many."""
+            open_ = [k for k in self.runs if k not in self.closed]
+            for key in open_:
+                self.flush(key, tags={"fedsweep.status": "interrupted"})
+                self.writer.end(self.runs[key], MLFLOW_STATUS["interrupted"])
+                self.closed.add(key)
+            return len(open_)
 
         def _checkpointed(self, trial, member: int | None, unit: list[int]) -> tuple[list, list, str]:
             """(history, client log, '') of a trial's checkpoint in the storage (of sweep trial
@@ -264,18 +265,14 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
     return MlflowTrials()
 
 
+#: The writer's key of a sweep's parent run.
+PARENT = "parent"
+
+
 def _artifacts_from(cfg: RunConfig, history: list[dict], client_log: list[dict], summary: dict) -> dict[str, bytes]:
     """The artifacts of a run known only by its checkpointed records (a stopped or failed trial)."""
     from fedsweep.sweep.trainable import artifact_files
     return artifact_files(cfg, _HistoryOnly(history, client_log), summary)
-
-
-def _log_files(client, run_id: str, files: dict[str, bytes]) -> None:
-    """``files`` (name -> bytes) as the run's artifacts."""
-    with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
-        for name, data in files.items():
-            (Path(tmp) / name).write_bytes(data)
-        client.log_artifacts(run_id, tmp)
 
 
 class _HistoryOnly:

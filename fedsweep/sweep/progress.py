@@ -52,6 +52,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
     class Progress(tune.Callback):
         def __init__(self):
             self.total, self.best = len(payloads), None
+            self.storage_said = False
             self._start_clock()
 
         def _start_clock(self):
@@ -101,6 +102,12 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if self.first is None:
                 self.first = (time.monotonic(), self._rounds_done(trials))
+            if result.get("storage_error") and not self.storage_said:
+                self.storage_said = True
+                where = store.where() if store is not None else "the storage"
+                self._print(f"[storage] {self._label(trial, units[trial.config['trial']][0])}: its checkpoint could not "
+                            f"be written to {where} ({result['storage_error']}); trials go on and their results reach "
+                            "MLflow, but a retried or resumed trial starts from its last checkpoint written")
             if "resumed_from" in result:
                 unit = units[trial.config["trial"]]
                 what = self._label(trial, unit[0]) if len(unit) == 1 else \

@@ -23,6 +23,10 @@ from fedsweep.util.errors import ConfigError
 # A sweep's state, in its folder of the storage: written by the driver before any trial starts
 # (fedsweep.sweep.tune), read by each trial to know that its node reaches the storage.
 STATE_FILE = "fedsweep_sweep.json"
+# The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
+# (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
+# exactly the trials the sweep started with (a sweep file edited since is refused, naming the edit).
+TRIALS_FILE = "fedsweep_trials.json"
 
 
 def is_uri(location: str | os.PathLike) -> bool:
@@ -86,6 +90,27 @@ class Storage:
             return not path.exists() or (path.is_dir() and not any(path.iterdir()))
         import pyarrow.fs
         return not self.fs.get_file_info(pyarrow.fs.FileSelector(self._path(rel), allow_not_found=True))
+
+    def names(self, rel: str = "") -> list[str]:
+        """The names of the files and folders in folder ``rel`` ([] if there is none)."""
+        if self.local:
+            path = Path(self._path(rel))
+            return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        import pyarrow.fs
+        infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self._path(rel), allow_not_found=True))
+        return sorted(info.base_name for info in infos)
+
+    def free_bytes(self) -> int | None:
+        """Free space where the storage is, for a folder (None for a URI, or a folder not there)."""
+        if not self.local:
+            return None
+        path = Path(self.root)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        try:
+            return shutil.disk_usage(path).free
+        except OSError:
+            return None
 
     def read_bytes(self, rel: str) -> bytes | None:
         """The file's bytes; None if there is no such file."""

@@ -36,6 +36,9 @@ def check_reach(store, sweep_id: str | None) -> None:
     if text is not None and (sweep_id is None or json.loads(text).get("sweep_id") == sweep_id):
         return
     from ray.util import get_node_ip_address
+    if not store.exists():
+        raise ConfigError(f"the sweep's storage {store.where()} is not there on node {get_node_ip_address()}: deleted "
+                          "while the sweep ran, or not mounted on that node (every node that runs trials must reach it)")
     raise ConfigError(f"node {get_node_ip_address()} cannot read the sweep's storage {store.where()} (no "
                       f"{STATE_FILE} of this sweep there), so its checkpoints would be lost with it: mount that "
                       "folder at the same path on every node, or give --storage a URI every node reaches")
@@ -119,7 +122,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
     driver makes a stopped run's artifacts and summary from its checkpoint, which must hold every
     round reported (with ``checkpoint_every: 4`` a trial stopped at its third evaluation would have
     none, and its run no artifacts or summary).
-    ``save_checkpoint(trainer)`` writes the trial's checkpoint. ``failed``: members of a pack left
+    ``save_checkpoint(trainer)`` writes the trial's checkpoint and returns why it could not, if it
+    could not (the next report says it, as ``storage_error``). ``failed``: members of a pack left
     out before training (index -> error), in every report."""
     failed_parts = {str(i): {"rows": [], "status": "failed", "error": e} for i, e in (failed or {}).items()}
     mark = _phase_marks()
@@ -137,6 +141,7 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
             self.last = time.monotonic()
             self.rungs = Rungs(rungs) if scheduled and rungs is not None else None
             self.resumed = None   # the round a checkpoint restored, until a report has said it
+            self.storage_error = None   # why a checkpoint could not be written, until a report has said it
 
         def on_train_start(self, trainer, module):
             if module.rounds_done:   # restored by fit from the trial's checkpoint
@@ -156,7 +161,7 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
                                 checkpoint=scheduled or self.evals - self.saved >= checkpoint_every)
 
         def save(self, trainer):
-            save_checkpoint(trainer)
+            self.storage_error = save_checkpoint(trainer) or self.storage_error
             mark("checkpoint")
 
         def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
@@ -184,6 +189,8 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
             if checkpoint:   # before the report: the driver reads it when the trial completes
                 self.save(trainer)
                 self.saved = self.evals
+            if self.storage_error:
+                metrics["storage_error"], self.storage_error = self.storage_error, None
             self.last = time.monotonic()
             if self.rungs is not None:
                 self.rungs.reported(module.rounds_done)
@@ -240,9 +247,16 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
     cfgs = [RunConfig(**drawn_payload(payloads[i], config.get("sampled"))["run"]) for i in trials]
     ckpt = trial_checkpoint(tune.get_context().get_trial_id())
 
-    def save_checkpoint(trainer):
-        with store.writing(ckpt) as path:
-            trainer.save_checkpoint(path)
+    def save_checkpoint(trainer) -> str | None:
+        """Write the trial's checkpoint; why it could not be (a full or vanished storage), or None.
+        The trial trains on either way: its results reach the driver with its reports, and only a
+        retry or a resume, which would start from its last checkpoint, loses by it."""
+        try:
+            with store.writing(ckpt) as path:
+                trainer.save_checkpoint(path)
+        except OSError as e:
+            return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
+        return None
 
     scheduled = config.get("scheduler", config.get("report_every_s", 0.0) == 0.0)   # it may stop a trial at any report
     with store.reading(ckpt) as resume:

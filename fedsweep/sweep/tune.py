@@ -24,21 +24,16 @@ import uuid
 from pathlib import Path
 
 from fedsweep.config.schema import ConfigError, flatten
-from fedsweep.sweep.storage import STATE_FILE, Storage
+from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
 from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
                                  run_name, varying_keys)
-from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.trainable import run_unit
-from fedsweep.sweep.callbacks import FINAL_STATUSES, make_mlflow_callback
+from fedsweep.sweep.callbacks import make_mlflow_callback
 from fedsweep.sweep.progress import make_progress_callback
 
 DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
-# The trials' resolved configs, written when a sweep starts: Tune's grid holds only their indices
-# (a grid of thousands of full configs costs Tune quadratic time to expand), and `--resume` runs
-# exactly the trials the sweep started with (a sweep file edited since is refused, naming the edit).
-TRIALS_FILE = "fedsweep_trials.json"
 # A trial reports to Tune at most this often (every row still arrives), and where a scheduler decides:
 # a report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
 REPORT_EVERY_S = 1.0
@@ -177,8 +172,11 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
                 if not state.get("finished") and state.get("tracking_uri") == uri:
                     superseded = state   # `--restart`: its open runs are over
             else:
-                raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {store.where()}; continue it with "
-                                  f"--resume, or start over with --restart")
+                from fedsweep.sweep.ending import resume_problem
+                problem = resume_problem(store)
+                how = "continue it with --resume, or start over with --restart" if problem is None else \
+                    f"--resume cannot continue it ({problem}): start it over with --restart"
+                raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {store.where()}; {how}")
         return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
                           lock=lock, superseded=superseded)
 
@@ -189,6 +187,8 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
     if json.loads(store.read_text(STATE_FILE)).get("parent_run_id") is None:
         raise ConfigError(f"--resume: sweep {sweep.name!r} in {store.where()} was stopped while it was being set up, "
                           "before any trial started; start it over with --restart")
+    from fedsweep.sweep.ending import check_resumable_record
+    check_resumable_record(store, sweep.name)
     saved = store.read_text(TRIALS_FILE)
     if not _current_trials_file(saved):
         raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
@@ -226,7 +226,8 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             client = mlflow_store.result()
             exp_id = experiment_id(client, experiment, uri)
             if superseded:
-                _close_superseded(client, superseded)
+                from fedsweep.sweep.ending import close_superseded
+                close_superseded(client, superseded)
             result = _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
     # The local instance's session folder (Ray's logs) is deleted once every trial ended well, and kept
     # where one failed or the sweep was cut short: there it is what to read (a crashed worker's stderr).
@@ -235,36 +236,14 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             "ray_session_kept": bool(session) and not (ended_well and remove_session(session))}
 
 
-def _close_superseded(client, state: dict) -> None:
-    """``--restart`` of an unfinished sweep (``state``: its state file): the MLflow runs it left open
-    (a killed driver's, still RUNNING) end as an interrupted sweep's do, KILLED with
-    ``fedsweep.status`` interrupted, and its parent run KILLED; otherwise they would show as running
-    forever beside the new sweep's. A driver killed between creating the parent run and writing its
-    id left the parent's ``fedsweep.sweep_id`` tag as the way to it."""
-    from mlflow.exceptions import MlflowException
-    parent_id = state.get("parent_run_id")
-    if parent_id is None and state.get("sweep_id"):
-        exp = client.get_experiment_by_name(state.get("experiment") or "")
-        found = exp and client.search_runs([exp.experiment_id], max_results=1, filter_string=(
-            f"tags.`fedsweep.role` = 'sweep' and tags.`fedsweep.sweep_id` = '{state['sweep_id']}'"))
-        parent_id = found[0].info.run_id if found else None
-    if parent_id is None:                  # killed before the parent run was made
-        return
-    try:
-        parent = client.get_run(parent_id)
-    except MlflowException:                # deleted since
-        return
-    _close_interrupted(client, parent.info.experiment_id, parent_id)
-    if parent.info.status == "RUNNING":
-        client.set_terminated(parent_id, status="KILLED")
-
-
 def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
     """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
+    from fedsweep.sweep.ending import end_sweep, quiet_tune_state_errors, replay_unlogged
     store = root.child(sweep.name)
     if resume:
         state = json.loads(store.read_text(STATE_FILE))
         parent_id = state["parent_run_id"]
+        replay_unlogged(state, uri)   # what an earlier driver's store did not take: before any trial runs
         saved = json.loads(store.read_text(TRIALS_FILE))
         payloads, units = saved["trials"], saved["units"]
         client.set_terminated(parent_id, status="RUNNING")
@@ -279,7 +258,8 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
                  "experiment": experiment, "finished": False}
         store.write_text(STATE_FILE, json.dumps(state))
         parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
-        store.write_text(STATE_FILE, json.dumps({**state, "parent_run_id": parent_id}))
+        state["parent_run_id"] = parent_id
+        store.write_text(STATE_FILE, json.dumps(state))
         payloads = _trial_payloads(trials, sweep)
         store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units, "search": _search_text(sweep)}))
         tuner = _new_tuner(sweep, trials, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
@@ -288,29 +268,33 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
     from fedsweep.util.startup import end_startup
     end_startup()   # the driver's imports (Ray, MLflow) are done
+    quiet_tune_state_errors(store.where())
+    grace = float(payloads[0]["run"]["mlflow"].get("retry_seconds", 120.0))
+    stopped = None
     for lost in range(LOST_RESULT_RETRIES + 1):
         try:
             tuner.fit()
             break
         except RuntimeError as e:
             if lost == LOST_RESULT_RETRIES or not _lost_with_its_node(e):
-                raise
+                stopped = e
+                break
             # A node died after a trial's result was made there and before the driver fetched it:
             # Ray Tune 2.60 stops on that (it expects only an actor's death). What a trial needs to
             # go on is in the storage, so the sweep continues as `--resume` would, in this process.
             print("[sweep] Ray Tune stopped: a trial's result was lost with its node; continuing from "
                   "the trials' checkpoints, as --resume would", file=sys.stderr)
             tuner = _restored_tuner(sweep, payloads, units, store, state.get("sweep_id"))
-    interrupted = _close_interrupted(client, exp_id, parent_id)
-    counts = _outcomes(client, exp_id, parent_id)
-    unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
-    state = json.loads(store.read_text(STATE_FILE))
-    state["finished"] = unfinished == 0
-    store.write_text(STATE_FILE, json.dumps(state))
-    client.set_terminated(parent_id, status="FINISHED" if unfinished == 0 else "KILLED")
+        except Exception as e:  # noqa: BLE001 - Tune stopped on a fault (a full or vanished storage): said below
+            stopped = e
+            break
+        except KeyboardInterrupt as e:   # a second Ctrl-C: Tune stops at once; what it left open is closed
+            stopped, grace = e, min(grace, 5.0)
+            break
+    ended = end_sweep(name=sweep.name, store=store, state=state, parent_id=parent_id, total=total, units=units,
+                      uri=uri, client=client, exp_id=exp_id, grace=grace, stopped=stopped)
     return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-            "experiment_id": exp_id,
-            "unfinished": unfinished, "interrupted_runs": interrupted, **counts}
+            "experiment_id": exp_id, **ended}
 
 
 LOST_RESULT_RETRIES = 3   # restores in one driver after results lost with dead nodes, then it stops
@@ -404,34 +388,3 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))
     return run.info.run_id
-
-
-def _close_interrupted(client, exp_id: str, parent_id: str) -> int:
-    """After Ctrl-C: trials still open become KILLED (tag ``interrupted``); ``--resume`` reopens them."""
-    from mlflow.entities import RunTag
-    runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}' and "
-                              "tags.`fedsweep.status` = 'running'", max_results=50_000)
-    for r in runs:
-        client.log_batch(r.info.run_id, tags=[RunTag("fedsweep.status", "interrupted")])
-        client.set_terminated(r.info.run_id, status=MLFLOW_STATUS["interrupted"])
-    return len(runs)
-
-
-def _outcomes(client, exp_id: str, parent_id: str) -> dict:
-    """How many of the sweep's trials ended in each status; ``errors``: each failed trial's error
-    line (its run's ``fedsweep.error`` tag) with how many trials ended with it; ``incomplete_runs``:
-    for each reason a run ended without its summary, the names of those runs."""
-    runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
-                              max_results=50_000)
-    counts: dict = {}
-    errors: dict[str, int] = {}
-    incomplete: dict[str, list[str]] = {}
-    for r in runs:
-        s = r.data.tags.get("fedsweep.status", "running")
-        counts[s] = counts.get(s, 0) + 1
-        e = r.data.tags.get("fedsweep.error", "no error recorded")
-        if s == "failed":
-            errors[e] = errors.get(e, 0) + 1
-        elif s == "incomplete":
-            incomplete.setdefault(e, []).append(r.info.run_name)
-    return {**counts, "errors": errors, "incomplete_runs": incomplete}

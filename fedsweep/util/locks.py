@@ -28,8 +28,9 @@ class SweepLock:
     so a second driver can say who runs the sweep, and one that takes over a stale lock can end
     what the dead driver's local Ray instance left running (:func:`end_leftovers`)."""
 
-    def __init__(self, path: Path, sweep: str):
+    def __init__(self, path: Path, sweep: str, busy: str | None = None):
         self.path, self.sweep, self.fd = Path(path), sweep, None
+        self.busy = busy or f"sweep {sweep!r} is already running"
 
     def acquire(self) -> dict:
         """Take the lock or raise ConfigError naming the running driver; returns the record a dead
@@ -44,7 +45,7 @@ class SweepLock:
                 return {}                              # no flock here: run unlocked
             held = _read_record(self.path)
             since = held.get("since", "an unknown time")
-            raise ConfigError(f"sweep {self.sweep!r} is already running since {since}, pid {held.get('pid', '?')} "
+            raise ConfigError(f"{self.busy} since {since}, pid {held.get('pid', '?')} "
                               f"on {held.get('host', '?')} (lock {self.path}); wait for it, or stop it first") from None
         self.fd = fd
         stale = _read_record(self.path)

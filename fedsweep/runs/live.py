@@ -1,0 +1,178 @@
+"""``fedsweep run``'s MLflow run, written while it trains (docs/run.md, "Where runs go").
+
+The run exists in MLflow from its start (RUNNING, with its params, tags and dataset input), its
+metric rows arrive at each evaluation, and its artifacts, summary and status at its end, as
+Lightning's ``MLFlowLogger`` would write them; every write goes through a
+:class:`~fedsweep.runs.writer.Writer`, so a store that fails mid-run never stops the training. A
+resumed run (``--resume``) continues the MLflow run its checkpoint names, from the first round
+that run lacks. If the store still fails once the run has ended (``mlflow.retry_seconds``), the
+whole run is kept in a folder and ``fedsweep log FOLDER`` writes it later: :func:`keep_unlogged`.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.runs.writer import Writer
+
+KEY = "run"
+#: How long a run's start waits for the store before it trains anyway: enough for a store that
+#: answers to say that the experiment was deleted, before any work.
+START_WAIT_S = 5.0
+#: Metric rows reach MLflow at most this often while a run trains (runs/writer.py says why).
+ROWS_EVERY_S = 5.0
+UNLOGGED = "fedsweep_unlogged"
+
+
+class LiveRun:
+    """One run's MLflow record, written as it trains. ``identity``: the run's (and its checkpoint's)
+    ``run_uid``, and for a resumed run the MLflow run it continues."""
+
+    def __init__(self, cfg: RunConfig, uri: str, identity: dict, say=None):
+        self.cfg, self.uri, self.identity = cfg, uri, identity
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.writer = Writer(uri, say=self.say, rows_every=ROWS_EVERY_S)
+        self.sent = 0
+        self.engine_logged = False
+
+    @property
+    def name(self) -> str:
+        return self.cfg.mlflow.run_name or f"{self.cfg.algorithm.name}-seed{self.cfg.seed}"
+
+    def _open(self, writer: Writer, reopen: str | None) -> None:
+        writer.open_run(KEY, self.cfg.mlflow.experiment, self.name, reopen=reopen,
+                        tags={"fedsweep.status": "running", "fedsweep.algorithm": self.cfg.algorithm.name,
+                              "fedsweep.run_uid": self.identity["run_uid"]},
+                        params=self.cfg.flat(), config=self.cfg.model_dump(mode="json"))
+
+    def start(self) -> None:
+        """Create (or reopen) the run; wait up to :data:`START_WAIT_S` for the store, so that a store
+        that refuses the run for good (a deleted experiment) is said in one line before any training."""
+        same_store = self.identity.get("tracking_uri") == self.uri
+        self._open(self.writer, self.identity.get("mlflow_run_id") if same_store else None)
+        self.identity["tracking_uri"] = self.uri
+        if self.writer.drain(START_WAIT_S):
+            self.identity["mlflow_run_id"] = self.writer.run_id(KEY)
+            return
+        failure = self.writer.failure
+        if failure is not None and failure[1]:
+            self.writer.close(0)
+            raise ConfigError(f"mlflow.experiment {self.cfg.mlflow.experiment!r}: {failure[0]}")
+        why = f" ({failure[0]})" if failure else ""
+        self.say(f"MLflow: the store at {self.uri} has not answered in {START_WAIT_S:.0f} s{why}; training starts, "
+                 "and its records wait until it does")
+
+    def callback(self):
+        """The Lightning callback that sends the metric rows at each evaluation (and where a run
+        stops early), and keeps the MLflow run's id in the run's identity for its checkpoints."""
+        import lightning as L
+        live = self
+
+        class LiveMetrics(L.Callback):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                live.identity["mlflow_run_id"] = live.writer.run_id(KEY)
+                if module.history and ("test/accuracy" in module.history[-1] or module.diverged):
+                    live.send(module)
+        return LiveMetrics()
+
+    def send(self, module) -> None:
+        self.writer.rows(KEY, module.history[self.sent:])
+        self.sent = len(module.history)
+        if not self.engine_logged and getattr(module, "engine_name", None):
+            self.writer.batch(KEY, params={"engine_used": module.engine_name})
+            self.engine_logged = True
+
+    def _final(self, writer: Writer, summary: dict, files: dict[str, bytes]) -> None:
+        from fedsweep.runs.tracking import MLFLOW_STATUS, run_tags, summary_metrics
+        writer.files(KEY, files)
+        writer.batch(KEY, metrics={m.key: m.value for m in summary_metrics(summary, 0)}, tags=run_tags(summary))
+        writer.end(KEY, MLFLOW_STATUS.get(summary.get("status", "finished"), "FAILED"))
+
+    def finish(self, module, summary: dict, files: dict[str, bytes]) -> tuple[str, str] | Path:
+        """The last rows, the artifacts (``files``), the summary and the status. Returns (experiment id,
+        run id) once the store has all of it; else, after ``mlflow.retry_seconds`` (or at once when
+        the store refuses the run for good, or on Ctrl-C), the folder the whole run is kept in."""
+        self.send(module)
+        self._final(self.writer, summary, files)
+        try:
+            done = self.writer.close(self.cfg.mlflow.retry_seconds)
+        except KeyboardInterrupt:   # Ctrl-C while waiting for the store: keep the records at once
+            done = self.writer.close(0)
+        if done:
+            return self.writer.experiment_id(self.cfg.mlflow.experiment), self.writer.run_id(KEY)
+        return keep_unlogged(self._whole_run(module, summary, files), self.name,
+                             cause=self.writer.failure[0] if self.writer.failure else "no answer")
+
+    def _whole_run(self, module, summary: dict, files: dict[str, bytes]) -> Writer:
+        """Every write of the run, from its creation (or the reopening of the MLflow run the store
+        already began) to its status, held for :func:`keep_unlogged`: replayed, it writes exactly
+        what the store lacks."""
+        kept = Writer(self.uri, start=False)
+        self._open(kept, self.writer.run_id(KEY))
+        kept.rows(KEY, module.history)
+        if getattr(module, "engine_name", None):
+            kept.batch(KEY, params={"engine_used": module.engine_name})
+        self._final(kept, summary, files)
+        return kept
+
+
+def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
+    """A run's artifacts (:func:`fedsweep.runs.run.write_artifacts`) as name -> content."""
+    from fedsweep.runs.run import write_artifacts
+    with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
+        write_artifacts(cfg, module, summary, Path(tmp))
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+
+
+def keep_unlogged(writer: Writer, name: str, cause: str) -> Path:
+    """Save ``writer``'s waiting writes under ``./fedsweep_unlogged/<time>-<name>`` (or the temp
+    folder if the working folder cannot take them); returns the folder. Raises OSError if neither can."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "run"
+    last = None
+    for base in (Path.cwd() / UNLOGGED, Path(tempfile.gettempdir()) / UNLOGGED):
+        folder = base / f"{stamp}-{safe}"
+        n = 1
+        while folder.exists():
+            n += 1
+            folder = base / f"{stamp}-{safe}-{n}"
+        try:
+            return writer.save(folder, cause)
+        except OSError as e:
+            last = e
+    raise last
+
+
+def log_unlogged(folder: str | Path, uri: str | None = None, experiment: str | None = None, out=None) -> int:
+    """``fedsweep log FOLDER``: write the MLflow records a run or a sweep kept there (to the store
+    and experiment they were meant for, or ``uri`` and ``experiment``); 0 once all are written."""
+    import json
+
+    from fedsweep.runs.tracking import check_store
+    from fedsweep.runs.writer import RECORDS, load, replay
+    out = out or sys.stdout
+    folder = Path(folder)
+    if (folder / "logged.json").is_file() and not (folder / RECORDS).is_file():
+        ids = json.loads((folder / "logged.json").read_text()).get("ids", {})
+        print(f"{folder}: already logged (MLflow run {', '.join(ids.values()) or '?'}); the folder can be deleted",
+              file=out)
+        return 0
+    if not (folder / RECORDS).is_file():
+        raise ConfigError(f"{folder}: no {RECORDS} there: not a folder of records fedsweep kept for MLflow")
+    try:
+        record = json.loads((folder / RECORDS).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{folder}/{RECORDS}: cannot be read ({e})") from None
+    target = check_store(uri or record["tracking_uri"], key="--tracking-uri" if uri else "the records' store",
+                         experiment=experiment)
+    writer = load(record, folder, target, experiment)
+    n = replay(writer)
+    (folder / "logged.json").write_text(json.dumps({"tracking_uri": target, "ids": writer.ids}))
+    (folder / RECORDS).unlink()
+    print(f"logged {n} records to MLflow run {', '.join(writer.ids.values())} at {target}; {folder} can be deleted",
+          file=out)
+    return 0
