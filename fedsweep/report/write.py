@@ -153,7 +153,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
                   _markdown(["run", "config_id", "seed", "why"],
                             [[str(r["run_name"]), f"`{r['config_id']}`", _fmt_value(r["seed"]), r["error"]]
                              for _, r in incomplete.iterrows()]), ""]
-    failed = trials[(trials["error"] != "") & (trials["status"] != "incomplete")]
+    failed = trials[trials["status"] == "failed"]   # a run resumed since keeps no error (an older fedsweep's may)
     if len(failed):
         lines += ["## Failed trials", "", "Each error once (the last line of its traceback; the runs' "
                   "`fedsweep.error` tag), with the trials that ended with it.", "",

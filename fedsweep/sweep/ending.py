@@ -52,16 +52,18 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
         except OSError as e:
             result["unlogged_lost"] = f"{cause}; and they could not be kept on disk either ({e})"
         result["mlflow_cause"] = cause
-    if _record_gone(store):   # its folder was deleted while it ran: nothing to resume; no state file in an empty folder
+    gone = _record_gone(store)   # its folder was deleted while it ran: nothing to resume
+    # The state file even then: it marks the folder (which Tune and the trials may have made again) as
+    # this sweep's, so that --restart may delete it.
+    storage = _save_state(store, {**state, "unlogged": result.get("unlogged"),
+                                  "finished": unfinished == 0 and "unlogged" not in result and stopped is None})
+    if gone:
         storage = f"the sweep's record in {store.where()} is gone (its folder was deleted while the sweep ran?)"
-    else:
-        storage = _save_state(store, {**state, "unlogged": result.get("unlogged"),
-                                      "finished": unfinished == 0 and "unlogged" not in result and stopped is None})
     if stopped is not None:
         result["stopped_by"] = _one_line(stopped)
     if storage:
         result["storage"] = storage
-    if unfinished or stopped is not None or "unlogged" in result or (storage and _record_gone(store)):
+    if unfinished or stopped is not None or "unlogged" in result or gone:
         problem = resume_problem(store)
         result["recover"] = "--resume" if problem is None else "--restart"
         if problem:

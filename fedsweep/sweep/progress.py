@@ -57,13 +57,34 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
 
         def _start_clock(self):
             self.rounds_total = sum(p["run"]["rounds"] for p in payloads)
-            self.started, self.last_print = time.monotonic(), 0.0
+            self.started, self.last_print = time.monotonic(), time.time()
             self.reported: dict[int, int] = {}   # sweep trial -> last round it reported
             self.first: tuple[float, int] | None = None   # (when, rounds done) at the first report
+            self.last_report = time.monotonic()
+            self.trials = None
+
+        def __getstate__(self):                  # what Tune pickles: not this driver's ticker thread
+            return {k: v for k, v in self.__dict__.items() if k not in ("ticker", "trials")}
 
         def __setstate__(self, state):           # restored by `--resume`: this driver's clock
             self.__dict__.update(state)
             self._start_clock()
+
+        def setup(self, **info):
+            """A status line every 10 s even when no trial reports (Tune waiting on a node that died,
+            with nothing to take its trials; a first trial still importing): a sweep never looks hung."""
+            import threading
+            self.ticker = threading.Event()
+
+            def tick():
+                while not self.ticker.wait(1.0):
+                    if self.trials is not None and time.time() - self.last_print > 10:
+                        self.last_print = time.time()
+                        self._print(self._line(self.trials))
+            threading.Thread(target=tick, name="fedsweep-status", daemon=True).start()
+
+        def on_step_begin(self, iteration, trials, **info):
+            self.trials = trials                 # Tune's own list: the ticker reads it as it is
 
         def _label(self, trial, index: int) -> str:
             payloads[index] = drawn_payload(payloads[index], trial.config.get("sampled"))   # optuna's values
@@ -94,12 +115,16 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 # rounds per second since the first report (start-up excluded) over what is left
                 rate = (done - self.first[1]) / (now - self.first[0])
                 clock += f", ~{duration((total - done) / rate)} left"
+            quiet = now - self.last_report
+            if quiet >= 30 and counts.get("running"):
+                clock += f" | no trial has reported for {duration(quiet)}"
             return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
 
         def _print(self, text):
             print(text, file=stream or sys.stderr, flush=True)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            self.last_report = time.monotonic()
             if self.first is None:
                 self.first = (time.monotonic(), self._rounds_done(trials))
             if result.get("storage_error") and not self.storage_said:
@@ -151,6 +176,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                             f"({note}traceback: {where})")
 
         def on_experiment_end(self, trials, **info):
+            if getattr(self, "ticker", None) is not None:
+                self.ticker.set()
             self._print(self._line(trials))
 
     return Progress()
