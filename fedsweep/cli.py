@@ -20,7 +20,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow",
                        epilog="exit status: 0 finished, 2 refused before training (one line naming the key), "
-                              "3 diverged (loss NaN/inf), 130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
+                              "3 diverged (model NaN/inf, or train/loss NaN/inf or above "
+                              "eval.divergence_factor × ln(classes)), "
+                              "130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
                               "checkpoint, summary and MLflow run (KILLED) as at a run's end)")
     r.add_argument("config", help="run config YAML (see docs/config.md)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
