@@ -20,8 +20,10 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="one training run (Lightning), summary table, logged to MLflow",
                        epilog="exit status: 0 finished, 2 refused before training (one line naming the key), "
-                              "3 diverged (loss NaN/inf), 5 trained but the MLflow store did not take the run (its "
-                              "records are kept in a folder the last line names: fedsweep log FOLDER writes them later), "
+                              "3 diverged (model NaN/inf, or train/loss NaN/inf or above "
+                              "eval.divergence_factor × ln(classes)), 5 trained but the MLflow store did not take the "
+                              "run (its records are kept in a folder the last line names: fedsweep log FOLDER writes "
+                              "them later), "
                               "130 interrupted (Ctrl-C or SIGTERM: after the round in progress, "
                               "checkpoint, summary and MLflow run (KILLED) as at a run's end)")
     r.add_argument("config", help="run config YAML (see docs/config.md)")
@@ -161,6 +163,9 @@ def tune_status(result: dict) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command in ("run", "tune", "report", "bench"):   # before Lightning or the plots import matplotlib
+        from fedsweep.util.mplconfig import use_writable_config_dir
+        use_writable_config_dir()
     if args.command in ("run", "config"):
         from fedsweep.config.schema import build_config, read_run_config
         raw, note = read_run_config(args.config, "running" if args.command == "run" else "printing")
@@ -197,22 +202,7 @@ def _dispatch(args) -> int:
         print(sweep_outcome(result, args.sweep))
         return tune_status(result)
     if args.command == "report":
-        from fedsweep.report import write_report
-        from fedsweep.sweep.search import sampled_keys
-        from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
-        sweep = load_sweep(args.sweep)
-        trials = expand(sweep, source=args.sweep)
-        check_report(sweep, trials, source=args.sweep)
-        uri = sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri")   # None: as MLflow
-        out_dir = args.out or os.path.join("reports", sweep.name)
-        path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
-                            setting_keys=sweep.report.settings,
-                            reference=reference_method(sweep, (t.method for t in trials)),
-                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep),
-                            random_first=sweep.search.startup() if sweep.search and sweep.search.searcher == "optuna"
-                            else None)
-        print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
-        return 0
+        return _report(args)
     if args.command == "bench":
         from fedsweep.runs.bench import main as bench_main
         return bench_main(args)
@@ -234,6 +224,54 @@ def _dispatch(args) -> int:
                 print(f"    algorithm.{key} (default {field.default!r}): {field.description}")
         return 0
     return 1
+
+
+def _report(args) -> int:
+    """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read."""
+    from fedsweep.report import write_report
+    from fedsweep.sweep.search import sampled_keys
+    from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
+    sweep = load_sweep(args.sweep)
+    trials = expand(sweep, source=args.sweep)
+    check_report(sweep, trials, source=args.sweep)
+    out_dir = args.out or os.path.join("reports", sweep.name)
+    key = "--out" if args.out else "--out (default)"
+    _check_out(out_dir, key)
+    uri = sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri")   # None: as MLflow
+    try:
+        path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
+                            setting_keys=sweep.report.settings,
+                            reference=reference_method(sweep, (t.method for t in trials)),
+                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep),
+                            random_first=sweep.search.startup() if sweep.search and sweep.search.searcher == "optuna"
+                            else None)
+    except OSError as e:
+        raise _report_write_error(e, out_dir, key) or e
+    print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
+    return 0
+
+
+def _check_out(out_dir: str, key: str) -> None:
+    """A report's folder can be written (a file there, or a read-only folder, would fail after MLflow
+    was read and the first plots drawn)."""
+    from fedsweep.runs.paths import check_writable_dir
+    try:
+        check_writable_dir(out_dir, key)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; give --out a folder that can be written") from None
+
+
+def _report_write_error(e: OSError, out_dir: str, key: str) -> ConfigError | None:
+    """The one line for a report that could not be written to the end: its disk filled up, or its
+    folder changed since :func:`_check_out`. None for an error that is not about ``out_dir``."""
+    import errno
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ConfigError(f"{key} {out_dir}: its disk is full ({e.strerror}), so the report there is incomplete; "
+                           "free space there, or give --out a folder on another disk")
+    if e.filename and os.path.abspath(e.filename).startswith(os.path.abspath(out_dir) + os.sep):
+        return ConfigError(f"{key} {out_dir}: cannot write {e.filename} ({e.strerror}), so the report there is "
+                           "incomplete; give --out a folder that can be written")
+    return None
 
 
 def entry() -> None:

@@ -193,6 +193,14 @@ class EvalConfig(_Strict):
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="Test accuracy that counts as reached for `rounds_to_target`.")
     batch_size: int = Field(1024, ge=1, description="Batch size of the evaluation forward passes.")
+    divergence_factor: float | None = Field(
+        1000.0, gt=1, description="A round whose `train/loss` is above this many times ln(number of classes), "
+        "the loss of a uniform guess (2.30 for 10 classes), marks the run diverged and stops it, as a NaN/inf "
+        "loss or model always does; null: NaN/inf only. Why 1000 (docs/design.md §2.8; measured 2026-11-26 on "
+        "2-core x86_64 with `python docs/results/divergence_scan.py`): in the shipped sweeps' settings, runs "
+        "that learn peak below 12×; runs that stall near chance without blowing up reach 306× (mnist_5k at "
+        "η_l = 0.8 in sweeps/fedlga_safeguards.yaml, whose rule counts them as not diverged); runs that blow "
+        "up pass 10^4× (SCAFFOLD on mnist_5k at η_l = 0.34) and go on to 10^8×.")
 
 
 class MlflowConfig(_Strict):

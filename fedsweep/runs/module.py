@@ -34,6 +34,23 @@ from fedsweep.sim.models import build_model
 from fedsweep.sim.rng import derive_seed, generator
 
 
+def divergence_limit(factor: float | None, num_classes: int) -> float:
+    """The ``train/loss`` above which a round counts as diverged: ``eval.divergence_factor`` × ln(C), C
+    classes, the loss of a uniform guess; inf (only NaN/inf count) when the factor is None."""
+    return factor * math.log(num_classes) if factor is not None else math.inf
+
+
+def is_diverged(train_loss: float, w: torch.Tensor, limit: float, loss_measured: bool = True) -> bool:
+    """The one divergence rule (docs/design.md §2.8), for runs and pack members alike: the model w
+    has a NaN/inf entry, or the round's ``train/loss`` is NaN, inf or above ``limit``. A round in
+    which no client returned (all dropped out: ``loss_measured`` False) has no loss to judge, only w."""
+    if loss_measured and not (math.isfinite(train_loss) and train_loss <= limit):
+        return True
+    # 0·w is NaN exactly where w is ±inf or NaN, so the sum is 0 iff the model is finite (one pass:
+    # isfinite(w).all() took ~60 µs a round of the sweeps/fedlga.yaml MLP on 1 CPU thread, this ~9)
+    return not bool((w * 0).sum() == 0)
+
+
 @dataclass
 class RoundWork:
     """One config's round between planning and aggregation (what the engine is handed)."""
@@ -81,6 +98,8 @@ class FederatedModule(L.LightningModule):
         self.history: list[dict[str, float]] = []   # one dict per round (+ eval metrics on eval rounds)
         self.client_log: list[dict[str, list]] = []  # per round: client ids + the algorithm's per-client values
         self.diverged = False
+        self.loss_limit = divergence_limit(cfg.eval.divergence_factor, self.data.num_classes)
+        self.loss_measured = True   # the last round's train/loss averages some client's (or the server's)
         self._pending_algo_state: dict | None = None   # from a checkpoint loaded before build()
 
     # ----- set-up --------------------------------------------------------------------------------
@@ -179,12 +198,13 @@ class FederatedModule(L.LightningModule):
                                     **{k: v.detach().cpu().tolist() for k, v in record.items()}})
         up, down = algo.communication(plan)
         returned = plan.participated.to(client_loss.device)
-        train_loss = float(client_loss[returned].mean()) if bool(returned.any()) else float("nan")
+        self.loss_measured = bool(returned.any())
+        train_loss = float(client_loss[returned].mean()) if self.loss_measured else float("nan")
         if plan.server is not None:   # the server's own loss on D_s^t after its training
             extra["server/loss"] = float(self.fmodel.loss(self.w.detach(), plan.server.full))
             extra["server/lr"] = plan.server.lr
             if not algo.uses_clients:
-                train_loss = extra["server/loss"]
+                train_loss, self.loss_measured = extra["server/loss"], True
         return {
             "round": t + 1,
             **extra,
@@ -227,13 +247,11 @@ class FederatedModule(L.LightningModule):
             self.trainer.should_stop = True
 
     def record_round(self, metrics: dict[str, float]) -> bool:
-        """Keep a finished round's metrics; mark the run diverged (returns True) if its loss or model
-        is NaN/inf, else evaluate on the ``eval.every`` cadence."""
+        """Keep a finished round's metrics; mark the run diverged (returns True) by :func:`is_diverged`,
+        else evaluate on the ``eval.every`` cadence. A pack's members come here too, one by one."""
         self.history.append(metrics)
         self.rounds_done = metrics["round"]
-        # 0·w is NaN exactly where w is ±inf or NaN, so the sum is 0 iff the model is finite (one pass:
-        # isfinite(w).all() took ~60 µs a round of the sweeps/fedlga.yaml MLP on 1 CPU thread, this ~9)
-        if not (math.isfinite(metrics["train/loss"]) and bool((self.w.detach() * 0).sum() == 0)):
+        if is_diverged(metrics["train/loss"], self.w.detach(), self.loss_limit, self.loss_measured):
             self.diverged = True
         elif self.rounds_done % self.cfg.eval.every == 0 or self.rounds_done == self.cfg.rounds:
             self.record_eval()   # here, not in Lightning's val loop: exact cadence across resumes

@@ -123,6 +123,89 @@ def check_cluster(address: str) -> str:
     return mode
 
 
+# Free space a local Ray instance needs for its logs and sockets: ~5 MB for a sweep of sweeps/fedlga.yaml
+# (remove_session), more for long sweeps' logs. On a full disk its raylet fails to start and
+# ray.init times out after 30 s with a traceback that does not say why.
+RAY_MIN_FREE_MB = 50
+
+
+def ray_temp_dir() -> tuple[Path, str | None]:
+    """(the folder a local Ray instance keeps its logs and sockets in, the variable that chose it):
+    Ray 2.60's rule (``ray._common.utils.get_default_ray_temp_dir``): ``$RAY_TMPDIR``, else on Linux
+    ``$TMPDIR``, else /tmp (another system's temporary folder on Windows), then ``ray`` inside."""
+    if "RAY_TMPDIR" in os.environ:
+        return Path(os.environ["RAY_TMPDIR"], "ray"), "RAY_TMPDIR"
+    if sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        return Path(os.environ["TMPDIR"], "ray"), "TMPDIR"
+    import tempfile
+    return Path("/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir(), "ray"), None
+
+
+def check_local_ray() -> None:
+    """What a local Ray instance writes outside the sweep's own folders can be written, checked before
+    anything is: ``ray.init`` otherwise fails with a traceback (measured with Ray 2.60 and a read-only
+    HOME, a file where its temporary folder goes, a full disk there). It writes two places:
+
+    - its logs and sockets under :func:`ray_temp_dir` (/tmp/ray);
+    - a new token at ~/.ray/auth_token where token authentication is on (``RAY_AUTH_MODE`` unset or
+      ``token``) and no token is found (:func:`find_token`); nothing under HOME otherwise.
+    """
+    _check_ray_temp_dir()
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if (mode is None or mode.lower() == "token") and find_token()[0] is None:
+        _check_token_folder()
+
+
+def _check_ray_temp_dir() -> None:
+    from fedsweep.runs.paths import _dir_problem
+    folder, var = ray_temp_dir()
+    folder = Path(os.path.abspath(folder))
+    where = f"{var} {os.environ[var]}" if var else f"Ray's temporary folder {folder}"
+    problem = _dir_problem(folder)
+    if problem:
+        raise ConfigError(f"{where}: a local Ray instance keeps its logs and sockets in {folder}, but "
+                          f"{problem}; set RAY_TMPDIR to a writable folder (Ray uses RAY_TMPDIR/ray)")
+    free = _free_mb(folder)
+    if free < RAY_MIN_FREE_MB:
+        raise ConfigError(f"{where}: a local Ray instance keeps its logs and sockets in {folder}, but its disk "
+                          f"has {free:.1f} MB free (at least {RAY_MIN_FREE_MB} MB needed); free space there, or set "
+                          "RAY_TMPDIR to a folder on another disk")
+
+
+def _check_token_folder() -> None:
+    from fedsweep.runs.paths import _dir_problem
+    token = default_token_path()
+    problem = _dir_problem(token.parent)
+    if problem:
+        raise ConfigError(f"HOME {Path.home()}: a local Ray instance writes a new token to {token}, but {problem}; "
+                          "set HOME to a writable folder, or RAY_AUTH_TOKEN to a token of your own "
+                          "(e.g. export RAY_AUTH_TOKEN=$(openssl rand -hex 32))")
+
+
+def _local_start_failed(e: Exception) -> str:
+    """The one line for a local ``ray.init`` that failed although :func:`check_local_ray` passed: a disk
+    that filled since (Ray's raylet then fails to start, and ``ray.init`` times out after 30 s with
+    "The current node timed out during startup"), a folder made read-only since, ..."""
+    folder, _ = ray_temp_dir()
+    why = (f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror and e.filename
+           else (str(e).splitlines() or [type(e).__name__])[0])
+    free = _free_mb(folder)
+    fix = ("free space there, or set RAY_TMPDIR to a folder on another disk" if not free >= RAY_MIN_FREE_MB
+           else "set RAY_TMPDIR to another writable folder")
+    return (f"Ray's temporary folder {folder}: a local Ray instance could not start ({why}; {free:.0f} MB free "
+            f"there); {fix}")
+
+
+def _free_mb(path: Path) -> float:
+    """Free space, in MB, on the disk where ``path`` is or would be made."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free / 1e6
+    except OSError:
+        return float("nan")
+
+
 def _node_list(nodes: list[tuple[float, float]], most: int = 4) -> str:
     """'1 node: 2 CPUs, 0 GPUs' / '3 nodes: 2 CPUs, 0 GPUs; 8 CPUs, 1 GPU; ...'."""
     each = "; ".join(f"{c:g} CPUs, {g:g} GPUs" for c, g in nodes[:most]) + ("; ..." if len(nodes) > most else "")
@@ -214,8 +297,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
                 raise ConfigError(f"--address {address}: cannot connect to the Ray cluster ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0] if str(e) else ''})") from None
         else:
-            ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
-                     logging_level=logging.ERROR)
+            try:
+                ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
+                         logging_level=logging.ERROR)
+            except Exception as e:  # noqa: BLE001 - what check_local_ray cannot foresee: one line
+                raise ConfigError(_local_start_failed(e)) from None
         with _terminate_as_interrupt():
             yield session_dir()
     finally:

@@ -148,6 +148,9 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     if address:
         from fedsweep.sweep.cluster import check_cluster
         mode = check_cluster(address)                  # reachable, and in the head's auth mode
+    else:
+        from fedsweep.sweep.cluster import check_local_ray
+        check_local_ray()                              # Ray's temporary folder, and its token under HOME
     root = open_storage(storage)
     root.check_writable()
     uri = check_store(sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"))
