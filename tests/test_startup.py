@@ -76,7 +76,7 @@ def test_fedsweep_run_trains_with_the_collector_on_and_its_imports_frozen(tmp_pa
             class Spy(L.Callback):
                 def on_train_batch_start(self, *a):
                     seen.append((gc.isenabled(), gc.get_freeze_count() > 100_000))
-            return train(cfg, **kw, callbacks=[Spy()])
+            return train(cfg, **{**kw, "callbacks": [*kw.get("callbacks", ()), Spy()]})
         fedsweep.runs.run.train = spying_train
         from fedsweep.cli import entry
         sys.argv = ["fedsweep", "run", sys.argv[1], "--no-mlflow", "--quiet"]
