@@ -183,7 +183,10 @@ def _dispatch(args) -> int:
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
         unlogged = 5 if summary.get("mlflow_unlogged") else None
         if summary["status"] == "interrupted":
-            more = (f"continue with --resume {os.path.join(args.checkpoint_dir, 'last.ckpt')}" if args.checkpoint_dir
+            last = os.path.join(args.checkpoint_dir or "", "last.ckpt")
+            more = (f"its last checkpoint could not be written ({summary['checkpoint_error']}): --resume {last} "
+                    "would start from an older one, if any" if summary.get("checkpoint_error") else
+                    f"continue with --resume {last}" if args.checkpoint_dir
                     else "without --checkpoint-dir it cannot be continued")
             print(f"fedsweep: interrupted after round {summary['rounds']} of {cfg.rounds}; {more}", file=sys.stderr)
             return 130
@@ -228,6 +231,8 @@ def _dispatch(args) -> int:
 
 def _report(args) -> int:
     """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read."""
+    from mlflow.exceptions import MlflowException
+
     from fedsweep.report import write_report
     from fedsweep.sweep.search import sampled_keys
     from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
@@ -247,6 +252,9 @@ def _report(args) -> int:
                             else None)
     except OSError as e:
         raise _report_write_error(e, out_dir, key) or e
+    except MlflowException as e:   # a store locked by a writer past sqlite's 20 s wait, a server gone
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ConfigError(f"the sweep's MLflow store: {first}; nothing was written: try again once it answers") from None
     print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
     return 0
 

@@ -134,17 +134,32 @@ def new_identity() -> dict:
 
 
 class Checkpointer:
-    """Saves ``<dir>/last.ckpt`` every ``every`` rounds and at the end (atomic rename)."""
+    """Saves ``<dir>/last.ckpt`` every ``every`` rounds and at the end (atomic rename). A checkpoint
+    that cannot be written (a disk that filled up) stops no training: the run goes on, says so once,
+    and keeps why in ``module.checkpoint_error`` (the last one written, if any, stays whole)."""
 
     def __new__(cls, directory: Path, every: int):
+        import sys
+
         import lightning as L
 
         class _Checkpointer(L.Callback):
             def _save(self, trainer):
-                directory.mkdir(parents=True, exist_ok=True)
                 tmp = directory / f"{LAST}.tmp"
-                trainer.save_checkpoint(tmp)
-                tmp.replace(directory / LAST)
+                try:
+                    directory.mkdir(parents=True, exist_ok=True)
+                    trainer.save_checkpoint(tmp)
+                    tmp.replace(directory / LAST)
+                except OSError as e:
+                    tmp.unlink(missing_ok=True)
+                    module = trainer.lightning_module
+                    if not getattr(module, "checkpoint_error", None):
+                        print(f"fedsweep: --checkpoint-dir {directory}: a checkpoint could not be written "
+                              f"({e.strerror or e}); the run trains on, and --resume would start from the last "
+                              "one written", file=sys.stderr, flush=True)
+                    module.checkpoint_error = f"{e.strerror or e}"
+                    return
+                trainer.lightning_module.checkpoint_error = None
 
             def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
                 if every and module.rounds_done % every == 0:

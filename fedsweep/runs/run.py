@@ -360,6 +360,20 @@ def _checkpoint_dir_lock(ckpt_dir, resume, identity: dict):
         yield
 
 
+def _write_summary(path, summary: dict, again: bool = False) -> None:
+    """``--output-json``: a disk that filled up since the run's start costs the file, never the run
+    (its MLflow record, or the summary printed above); said once, in one line."""
+    if path is None:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(summary_json(summary))
+    except OSError as e:
+        if not again:
+            print(f"fedsweep: --output-json {path}: could not be written ({e.strerror or e}); the summary is the one "
+                  "printed above", file=sys.stderr)
+
+
 def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progress, ckpt_dir, ckpt_every, resume,
          max_rounds, data, out) -> dict:
     from fedsweep.runs.live import LiveRun, artifact_bytes
@@ -378,12 +392,26 @@ def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progre
     if module.interrupted:
         summary["status"] = "interrupted"
     summary["wall_seconds"] = time.perf_counter() - t0
+    if getattr(module, "checkpoint_error", None):
+        summary["checkpoint_error"] = module.checkpoint_error
     print(format_summary(summary), file=out)
-    if output_json is not None:   # before MLflow's end: a store that fails now does not lose the summary
-        Path(output_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(output_json).write_text(summary_json(summary))
+    _write_summary(output_json, summary)   # before MLflow's end: a store that fails now does not lose the summary
     if live is None:
         return summary
+    ended = live.finish(module, summary, artifact_bytes(cfg, module, summary))
+    if isinstance(ended, Path):
+        summary["mlflow_unlogged"] = str(ended)
+        cause = live.writer.failure[0] if live.writer.failure else "no answer"
+        print(f"fedsweep: the MLflow store at {uri} did not take this run ({cause}); its records are kept in "
+              f"{ended}: once the store works, log them with: fedsweep log {ended}", file=sys.stderr)
+    else:
+        experiment_id, run_id = ended
+        summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
+        print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
+              f"open it with:  {ui_command(uri)}\n"
+              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
+    _write_summary(output_json, summary, again=True)
+    return summary
     ended = live.finish(module, summary, artifact_bytes(cfg, module, summary))
     if isinstance(ended, Path):
         summary["mlflow_unlogged"] = str(ended)

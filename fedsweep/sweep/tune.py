@@ -27,8 +27,8 @@ from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
-from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, expand, load_sweep, pack_units,
-                                 run_name, varying_keys)
+from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, iter_trials, load_sweep,
+                                 pack_units, run_name, trial_count, varying_keys)
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import make_mlflow_callback
 from fedsweep.sweep.progress import make_progress_callback
@@ -140,7 +140,8 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     sweep = load_sweep(path)
     if dry_run:
         return print_dry_run(sweep, str(path), out, show_all=show_all)
-    trials = expand(sweep, source=str(path))
+    from fedsweep.sweep.dryrun import Progress
+    trials = list(iter_trials(sweep, source=str(path), progress=Progress(trial_count(sweep))))   # a big grid says how far
     check_report(sweep, trials, source=str(path))   # a typo here would only surface after the sweep
 
     check_runnable(sweep, trials, source=str(path), local=not address)
@@ -180,8 +181,13 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
                 how = "continue it with --resume, or start over with --restart" if problem is None else \
                     f"--resume cannot continue it ({problem}): start it over with --restart"
                 raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {store.where()}; {how}")
-        return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
-                          lock=lock, superseded=superseded)
+        from mlflow.exceptions import MlflowException
+        try:
+            return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
+                              lock=lock, superseded=superseded)
+        except MlflowException as e:   # the store failed while the sweep was set up (Tune's own run never raises it)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise ConfigError(f"MLflow store {uri}: {first}; no trial ran: try again once it answers") from None
 
 
 def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Storage) -> None:
