@@ -218,6 +218,29 @@ def test_what_changed_since_a_sweep_started(tmp_path):
     assert _changed_since_start(older, saved["trials"], saved["units"]) == ""
 
 
+def test_the_status_line_comes_while_no_trial_reports(monkeypatch):
+    """Tune waiting on a node that died with nothing to take its trials reports nothing for a minute
+    or more: the status line still comes on time, and says how long no trial has reported."""
+    import io
+
+    from ray.tune.experiment import Trial
+
+    from fedsweep.sweep import progress
+    monkeypatch.setattr(progress, "STATUS_EVERY_S", 0.2)
+    stream = io.StringIO()
+    callback = progress.make_progress_callback([{"run": {"rounds": 4}, "label": "fedavg seed=0"}], [[0]],
+                                               stream=stream)
+    trial = Trial("run_unit", config={"trial": 0}, trial_id="t0", stub=True)
+    trial.set_status(Trial.RUNNING)
+    callback.setup()
+    callback.on_step_begin(0, [trial])
+    callback.last_report -= 75                        # as if the last report came 75 s ago
+    assert _wait_for(lambda: "no trial has reported for 1 min 15 s" in stream.getvalue(), 5)
+    callback.on_experiment_end([trial])
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[sweep] 1 trials: 1 running | ") and callback.ticker.is_set()
+
+
 def test_durations_read_as_people_say_them():
     from fedsweep.runs.run import duration
     assert [duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \
@@ -363,7 +386,7 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     restored = cloudpickle.loads(cloudpickle.dumps(writer))      # as Tune restores it on --resume
     writer.on_trial_start(0, [trial], trial)
     run_id = written(writer)
-    expected = {k: str(v) for k, v in RunConfig(**payloads[1]["run"]).flat().items()}
+    expected = {k: str(v) for k, v in RunConfig(**payloads[1]["run"]).flat().items() if not k.startswith("mlflow.")}
     assert expected["local.lr"] == "1e+30" and expected["algorithm.name"] == "fedavg"
     assert client.get_run(run_id).data.params == expected
     with sqlite3.connect(tmp_path / "mlflow.db") as db:          # what the killed driver left
@@ -371,6 +394,18 @@ def test_a_resumed_sweep_mends_the_runs_a_killed_driver_left_half_written(tmp_pa
     assert client.get_run(run_id).data.params == {"seed": expected["seed"]}
     restored.on_trial_start(0, [trial], trial)
     assert written(restored) == run_id and client.get_run(run_id).data.params == expected
+
+    # A failed run that --resume retries is reopened: running again, without the old error (a run
+    # that then finishes is not reported failed)
+    client.set_tag(run_id, "fedsweep.status", "failed")
+    client.set_tag(run_id, "fedsweep.error", "OSError: [Errno 28] No space left on device")
+    client.set_terminated(run_id, status="FAILED")
+    reopened = cloudpickle.loads(cloudpickle.dumps(writer))
+    reopened.on_trial_start(0, [trial], trial)
+    assert written(reopened) == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and run.data.tags["fedsweep.status"] == "running"
+    assert "fedsweep.error" not in run.data.tags
 
     # Killed after the run's last write (its status tag says finished) and before ending it: the
     # restored writer ends it, and leaves it closed (Tune replays the trial; nothing is rewritten).

@@ -42,7 +42,11 @@ class Refused(Exception):
 def cause(error: BaseException) -> str:
     """An error in one line: its first line, without SQLAlchemy's statement, at most 200 characters."""
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return text if len(text) <= 200 or isinstance(error, Refused) else text[:199] + "…"
+    if len(text) > 200 and not isinstance(error, Refused):
+        text = text[:199] + "…"
+    if "Current state is deleted" in text:   # MLflow's words for a run of a deleted experiment
+        text += " (its experiment was deleted in MLflow: `mlflow experiments restore --experiment-id N` brings it back)"
+    return text
 
 
 def permanent(error: BaseException) -> bool:
@@ -67,7 +71,6 @@ class Writer:
         self.through: dict[str, int] = {}      # run key -> last round the run holds
         self.failure: tuple[str, bool] | None = None   # (cause, permanent) while the next write fails
         self.failed_since: float | None = None
-        self.written = 0
         self._client = None
         self._experiments: dict[str, str] = {}
         self._cv = threading.Condition()
@@ -138,15 +141,6 @@ class Writer:
         """The id of experiment ``name``, once a run was opened in it."""
         return self._experiments.get(name)
 
-    def waiting(self) -> int:
-        with self._cv:
-            return len(self.ops)
-
-    def runs_waiting(self) -> int:
-        """How many runs have writes waiting."""
-        with self._cv:
-            return len({op.get("run") for op in self.ops})
-
     # -- the thread -----------------------------------------------------------------------------
     def _loop(self) -> None:
         pause = 1.0
@@ -177,7 +171,6 @@ class Writer:
                 if op["op"] == "rows":
                     self._rows_written = time.monotonic()
                 self._busy = False
-                self.written += 1
                 if self.failure is not None:
                     self.say(f"MLflow: the store at {self.uri} answers again after "
                              f"{_seconds(time.monotonic() - self.failed_since)}; writing what waited")
@@ -230,7 +223,7 @@ class Writer:
         with self._cv:
             self._hurry = True
             self._cv.notify_all()
-        if grace > 0 and self.waiting() and self.failure is not None and not self.failure[1]:
+        if grace > 0 and self.ops and self.failure is not None and not self.failure[1]:
             self.say(f"MLflow: waiting up to {_seconds(grace)} for the store ({self.failure[0]})")
         done = self.drain(grace)
         with self._cv:
@@ -393,11 +386,11 @@ def load(record: dict, folder: Path | None = None, uri: str | None = None, exper
             op = {**op, "experiment": experiment, "experiment_id": None}
         writer.ops.append(op)
     if target != record["tracking_uri"]:
-        _recreate_runs(writer, record)
+        _refuse_runs_begun_elsewhere(writer, record)
     return writer
 
 
-def _recreate_runs(writer: Writer, record: dict) -> None:
+def _refuse_runs_begun_elsewhere(writer: Writer, record: dict) -> None:
     """Writes meant for runs another store holds, sent to a new store: each such run is made there
     anew from its first kept ``open`` (one exists where the run was created by the kept writes)."""
     missing = {op["run"] for op in writer.ops if "run" in op} - {op["run"] for op in writer.ops if op["op"] == "open"}

@@ -140,7 +140,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             return run
 
         def _params(self, index: int) -> dict:
-            return RunConfig(**self.payloads[index]["run"]).flat()
+            """The trial's resolved config as params, but ``mlflow.*``: a trial logs nothing itself (its
+            payload says ``mlflow.enabled: false``, the driver writes its run), so those keys would say
+            what it did not do."""
+            return {k: v for k, v in RunConfig(**self.payloads[index]["run"]).flat().items()
+                    if not k.startswith("mlflow.")}
 
         def _log_params(self, run: str, index: int, have: dict | None = None):
             """The sweep trial's config as the run's params, those not in ``have``: a driver killed

@@ -21,6 +21,7 @@ RAY_CAUSES = (("is unavailable", "its worker or its node stopped answering"),
               ("running low on memory", "its node ran out of memory"),
               ("OutOfMemoryError", "its node ran out of memory"))
 TERMINAL_WIDTH = 160
+STATUS_EVERY_S = 10.0   # the sweep's status line, this often
 
 
 def short_cause(error: str) -> str:
@@ -77,8 +78,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             self.ticker = threading.Event()
 
             def tick():
-                while not self.ticker.wait(1.0):
-                    if self.trials is not None and time.time() - self.last_print > 10:
+                while not self.ticker.wait(min(1.0, STATUS_EVERY_S / 4)):
+                    if self.trials is not None and time.time() - self.last_print > STATUS_EVERY_S:
                         self.last_print = time.time()
                         self._print(self._line(self.trials))
             threading.Thread(target=tick, name="fedsweep-status", daemon=True).start()
@@ -116,7 +117,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 rate = (done - self.first[1]) / (now - self.first[0])
                 clock += f", ~{duration((total - done) / rate)} left"
             quiet = now - self.last_report
-            if quiet >= 30 and counts.get("running"):
+            if quiet >= 3 * STATUS_EVERY_S and counts.get("running"):
                 clock += f" | no trial has reported for {duration(quiet)}"
             return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
 
@@ -145,7 +146,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 acc = max(evals, default=None)
                 if acc is not None and math.isfinite(acc) and (self.best is None or acc > self.best[0]):
                     self.best = (acc, self._label(trial, int(index)))
-            if time.time() - self.last_print > 10:
+            if time.time() - self.last_print > STATUS_EVERY_S:
                 self.last_print = time.time()
                 self._print(self._line(trials))
 
