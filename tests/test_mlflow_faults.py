@@ -169,6 +169,7 @@ def test_a_deleted_experiment_is_refused_before_training_and_mid_run_keeps_the_r
     client = client_of(uri)
     client.delete_experiment(client.create_experiment("faults"))
     cfg = write_run(tmp_path, uri, rounds=2)
+    capsys.readouterr()                                 # MLflow's own lines as it made the store here
     assert main(["run", cfg, "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "experiment 'faults' was deleted" in err
