@@ -181,7 +181,7 @@ def _dispatch(args) -> int:
         from fedsweep.runs.run import run   # checks every option and output, then loads the data, then trains
         summary = run(cfg, output_json=args.output_json, progress=not args.quiet,
                       ckpt_dir=args.checkpoint_dir, ckpt_every=args.checkpoint_every, resume=args.resume)
-        unlogged = 5 if summary.get("mlflow_unlogged") else None
+        unlogged = 5 if "mlflow_unlogged" in summary else None
         if summary["status"] == "interrupted":
             last = os.path.join(args.checkpoint_dir or "", "last.ckpt")
             more = (f"its last checkpoint could not be written ({summary['checkpoint_error']}): --resume {last} "

@@ -38,6 +38,7 @@ class LiveRun:
         self.writer = Writer(uri, say=self.say, rows_every=ROWS_EVERY_S)
         self.sent = 0
         self.engine_logged = False
+        self.started = False
 
     @property
     def name(self) -> str:
@@ -54,6 +55,7 @@ class LiveRun:
         that refuses the run for good (a deleted experiment) is said in one line before any training."""
         same_store = self.identity.get("tracking_uri") == self.uri
         self._open(self.writer, self.identity.get("mlflow_run_id") if same_store else None)
+        self.started = True
         self.identity["tracking_uri"] = self.uri
         if self.writer.drain(START_WAIT_S):
             self.identity["mlflow_run_id"] = self.writer.run_id(KEY)
@@ -92,6 +94,21 @@ class LiveRun:
         writer.batch(KEY, metrics={m.key: m.value for m in summary_metrics(summary, 0)}, tags=run_tags(summary))
         writer.end(KEY, MLFLOW_STATUS.get(summary.get("status", "finished"), "FAILED"))
 
+    def abort(self, error: BaseException, grace: float = 10.0) -> None:
+        """The run stopped on ``error`` mid-training (a crash; a second Ctrl-C): its MLflow run ends
+        ``failed`` with the error's last line (``interrupted`` for Ctrl-C), with the rows it sent, if
+        the store takes it within ``grace`` seconds."""
+        if not self.started:
+            return
+        from fedsweep.runs.tracking import MLFLOW_STATUS
+        status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        line = (str(error).strip().splitlines() or [""])[-1]
+        tags = {"fedsweep.status": status, **({"fedsweep.error": f"{type(error).__name__}: {line}"[:5000]}
+                                              if status == "failed" else {})}
+        self.writer.batch(KEY, tags=tags)
+        self.writer.end(KEY, MLFLOW_STATUS[status])
+        self.writer.close(min(grace, self.cfg.mlflow.retry_seconds))
+
     def finish(self, module, summary: dict, files: dict[str, bytes]) -> tuple[str, str] | Path:
         """The last rows, the artifacts (``files``), the summary and the status. Returns (experiment id,
         run id) once the store has all of it; else, after ``mlflow.retry_seconds`` (or at once when
@@ -118,6 +135,40 @@ class LiveRun:
             kept.batch(KEY, params={"engine_used": module.engine_name})
         self._final(kept, summary, files)
         return kept
+
+
+def end_run(live: LiveRun, module, summary: dict, out) -> None:
+    """The run's last MLflow writes (:meth:`fedsweep.runs.live.LiveRun.finish`) and the lines saying
+    where the run is: the summary gets ``mlflow_run_id``, or ``mlflow_unlogged`` (the folder its
+    records are kept in, '' where none could keep them) when the store did not take it."""
+    from fedsweep.runs.tracking import ui_command, ui_url
+    cfg, uri = live.cfg, live.uri
+    try:
+        files = artifact_bytes(cfg, module, summary)
+    except OSError as e:   # no room to draw them (a full temp folder): the run is logged without them
+        print(f"fedsweep: the run's artifacts could not be made ({e.strerror or e}); it is logged without them",
+              file=sys.stderr)
+        files = {}
+    try:
+        ended = live.finish(module, summary, files)
+    except OSError as e:   # the store failed and no folder could keep its records either
+        ended = e
+    cause = live.writer.failure[0] if live.writer.failure else "no answer"
+    if isinstance(ended, OSError):
+        summary["mlflow_unlogged"] = ""
+        print(f"fedsweep: the MLflow store at {uri} did not take this run ({cause}), and its records could not be "
+              f"kept on disk either ({ended.strerror or ended}); the summary above is what is left of it",
+              file=sys.stderr)
+    elif isinstance(ended, Path):
+        summary["mlflow_unlogged"] = str(ended)
+        print(f"fedsweep: the MLflow store at {uri} did not take this run ({cause}); its records are kept in "
+              f"{ended}: once the store works, log them with: fedsweep log {ended}", file=sys.stderr)
+    else:
+        experiment_id, run_id = ended
+        summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
+        print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
+              f"open it with:  {ui_command(uri)}\n"
+              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
 
 
 def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:

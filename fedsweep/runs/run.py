@@ -246,9 +246,11 @@ def preflight(cfg: RunConfig, *, output_json: str | Path | None = None, ckpt_dir
 
 def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None = None, ckpt_every: int = 0,
           resume: str | Path | None = None, max_rounds: int | None = None, callbacks=(), data=None,
-          identity: dict | None = None):
+          identity: dict | None = None, before_fit=None):
     """Build the module and fit it; returns the module (``module.history`` holds the metrics).
-    ``identity``: the run's (:mod:`fedsweep.runs.checkpoints`), saved in its checkpoints."""
+    ``identity``: the run's (:mod:`fedsweep.runs.checkpoints`), saved in its checkpoints.
+    ``before_fit()``: called once the data is made and the checkpoint checked, right before the first
+    round (``fedsweep run`` opens its MLflow run there: a run refused before then leaves none)."""
     from fedsweep.runs.checkpoints import Checkpointer, check_checkpoint
     from fedsweep.util.allocator import keep_freed_memory
     from fedsweep.runs.module import FederatedModule
@@ -274,6 +276,8 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
             if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
                 print("note: on CPU the loop engine runs conv models faster than the vectorized one "
                       "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
+        if before_fit is not None:
+            before_fit()
         cbs = list(callbacks)
         if progress:
             cbs.append(_Progress(cfg.rounds))
@@ -376,18 +380,22 @@ def _write_summary(path, summary: dict, again: bool = False) -> None:
 
 def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progress, ckpt_dir, ckpt_every, resume,
          max_rounds, data, out) -> dict:
-    from fedsweep.runs.live import LiveRun, artifact_bytes
-    from fedsweep.runs.tracking import ui_command, ui_url
+    from fedsweep.runs.live import LiveRun, end_run
     live = None
     if cfg.mlflow.enabled:
         if uri.startswith(("http://", "https://")):   # a server gone mid-run: fail each try in seconds,
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
         live = LiveRun(cfg, uri, identity)
-        live.start()
     t0 = time.perf_counter()
-    module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
-                   max_rounds=max_rounds, data=data, identity=identity, callbacks=[live.callback()] if live else ())
+    try:
+        module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
+                       max_rounds=max_rounds, data=data, identity=identity, before_fit=live and live.start,
+                       callbacks=[live.callback()] if live else ())
+    except BaseException as e:   # a crash, a second Ctrl-C: its MLflow run does not stay RUNNING
+        if live is not None:
+            live.abort(e)
+        raise
     summary = summarize(cfg, module.history, module.diverged)
     if module.interrupted:
         summary["status"] = "interrupted"
@@ -398,32 +406,10 @@ def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progre
     _write_summary(output_json, summary)   # before MLflow's end: a store that fails now does not lose the summary
     if live is None:
         return summary
-    ended = live.finish(module, summary, artifact_bytes(cfg, module, summary))
-    if isinstance(ended, Path):
-        summary["mlflow_unlogged"] = str(ended)
-        cause = live.writer.failure[0] if live.writer.failure else "no answer"
-        print(f"fedsweep: the MLflow store at {uri} did not take this run ({cause}); its records are kept in "
-              f"{ended}: once the store works, log them with: fedsweep log {ended}", file=sys.stderr)
-    else:
-        experiment_id, run_id = ended
-        summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
-        print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
-              f"open it with:  {ui_command(uri)}\n"
-              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
+    try:
+        end_run(live, module, summary, out)
+    except KeyboardInterrupt as e:   # a second Ctrl-C while the last writes are made
+        live.abort(e)
+        raise
     _write_summary(output_json, summary, again=True)
-    return summary
-    ended = live.finish(module, summary, artifact_bytes(cfg, module, summary))
-    if isinstance(ended, Path):
-        summary["mlflow_unlogged"] = str(ended)
-        print(f"fedsweep: the MLflow store at {uri} did not take this run ({live.writer.failure[0] if live.writer.failure else 'no answer'}); "
-              f"its records are kept in {ended}: once the store works, log them with: fedsweep log {ended}",
-              file=sys.stderr)
-    else:
-        experiment_id, run_id = ended
-        summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
-        print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
-              f"open it with:  {ui_command(uri)}\n"
-              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
-    if output_json is not None:
-        Path(output_json).write_text(summary_json(summary))
     return summary
