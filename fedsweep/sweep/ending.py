@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 from fedsweep.config.schema import ConfigError
 from fedsweep.runs.tracking import MLFLOW_STATUS
@@ -32,7 +33,7 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
     if callback is None:
         writer.adopt(PARENT, parent_id)
     interrupted = callback.close_open_runs() if callback is not None else 0
-    counts = None
+    counts, deadline = None, time.monotonic() + grace
     if writer.drain(grace):   # the store has every write: its runs are the truth
         try:
             interrupted += _close_interrupted(client, exp_id, parent_id)
@@ -44,7 +45,7 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
     unfinished = max(total - sum(counts.get(s, 0) for s in FINAL_STATUSES), 0)
     writer.end(PARENT, "FINISHED" if unfinished == 0 and stopped is None else "KILLED")
     result = {**counts, "unfinished": unfinished, "interrupted_runs": interrupted}
-    if not writer.close(grace):
+    if not writer.close(max(deadline - time.monotonic(), 0.0)):
         from fedsweep.runs.live import keep_unlogged
         cause = writer.failure[0] if writer.failure else "no answer"
         try:
