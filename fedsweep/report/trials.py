@@ -42,7 +42,7 @@ from fedsweep.runs.tracking import check_existing_store
 DEFAULT_SETTING_KEYS = ("heterogeneity.rho",)
 SCORED = ("finished", "diverged", "stopped")
 _DONE = ("finished", "diverged")
-_SUMMARY_EXTRA = ("best/test_accuracy", "rounds_to_target")
+_SUMMARY_EXTRA = ("best/test_accuracy", "rounds_to_target", "best/val_accuracy", "val_rounds_to_target")
 _NOT_PARAMS = ("seed", "algorithm.name")
 
 
@@ -105,6 +105,7 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
             "method": tags.get("fedsweep.method") or params.get("algorithm.name"),
             "config_id": tags.get("fedsweep.config_id"), "seed": _number(params.get("seed")),
             "draw": _number(tags.get("fedsweep.draw")),   # a config's place in its optuna study
+            "stage": tags.get("fedsweep.stage", "tune"),  # `confirm`: a selected config rerun on a fresh seed
             "status": status, "error": error,
             "start_time": r.info.start_time, "end_time": r.info.end_time or 0,
             **keep,
@@ -134,76 +135,120 @@ def selection_rule(trials: pd.DataFrame) -> str:
     return "target" if col in trials and trials[col].notna().any() else "accuracy"
 
 
+def selected_on(trials: pd.DataFrame) -> str:
+    """``"validation"`` where every scored tuning trial has a validation split (its runs log
+    ``best/val_accuracy``), else ``"test"``: selection then reads the split it also scores on."""
+    tuning = trials[(trials["stage"] == "tune") & trials["status"].isin(SCORED) & (trials["status"] != "diverged")]
+    return "validation" if len(tuning) and _col(tuning, "best/val_accuracy").notna().all() else "test"
+
+
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
     return df[name] if name in df else pd.Series(np.nan, index=df.index)
 
 
+# What a run is selected by and what it is scored by, per split that selects. Scoring is always on
+# test; with a validation split a run's accuracy is its test accuracy at its best validation round
+# (its model as validation would early-stop it), never the best test accuracy over rounds.
+SELECTION_COLUMNS = {"validation": ("best/val_accuracy", "val_rounds_to_target"),
+                     "test": ("best/test_accuracy", "rounds_to_target")}
+SCORE_COLUMNS = {"validation": ("summary/test_accuracy_at_best_val", "rounds_to_target"),
+                 "test": ("best/test_accuracy", "rounds_to_target")}
+
+
+def _scores(g: pd.DataFrame, split: str) -> dict:
+    """A config's numbers over the scored runs ``g`` (one a seed): the reported ones (on test) and
+    the ``sel_*`` ones selection ranks by (on ``split``). A diverged run scores accuracy 0 and never
+    reaches the target."""
+    ok = g["status"] != "diverged"
+    acc_col, rtt_col = SCORE_COLUMNS[split]
+    sel_acc_col, sel_rtt_col = SELECTION_COLUMNS[split]
+    acc = _col(g, acc_col).where(ok).fillna(0.0)
+    final = _col(g, "summary/final_test_accuracy").where(ok).fillna(0.0)
+    rtt = _col(g, rtt_col).where(ok)
+    sel_acc, sel_rtt = _col(g, sel_acc_col).where(ok).fillna(0.0), _col(g, sel_rtt_col).where(ok)
+    return {
+        "n": len(g),
+        "acc_mean": acc.mean(), "acc_std": acc.std(),
+        "final_mean": final.mean(), "final_std": final.std(),
+        "rtt_mean": rtt.mean(), "rtt_std": rtt.std(), "reached": int(rtt.notna().sum()),
+        "sec_to_target": _col(g, "summary/seconds_to_target").where(rtt.notna()).mean(),
+        "comm_to_target": _col(g, "summary/comm_up_to_target").where(rtt.notna()).mean(),
+        "sec_per_round": _col(g, "summary/seconds_per_round").mean(),
+        "stability": _col(g, "summary/stability").where(ok).mean(),
+        "sel_acc_mean": sel_acc.mean(), "sel_rtt_mean": sel_rtt.mean(), "sel_reached": int(sel_rtt.notna().sum()),
+        "run_ids": list(g["run_id"]),
+    }
+
+
 def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS) -> pd.DataFrame:
-    """One row per config_id, scored over its seeds and ranked within its (settings, method).
+    """One row per config_id of the tuning stage, scored over its seeds and ranked within its
+    (settings, method).
 
     Columns: ``method``, the settings, ``config`` (its tuned params as ``k=v, ...``), ``n`` (scored
-    seeds), ``acc_mean/acc_std`` (best accuracy), ``final_mean/final_std``, ``rtt_mean/rtt_std``
-    (rounds to target over the seeds that reached it), ``reached``, ``sec_to_target``,
-    ``comm_to_target``, ``sec_per_round``, ``stability``, ``diverged``, ``statuses``, ``run_ids`` (scored runs),
-    ``rank`` (1 = best config of its method under its settings).
+    seeds), ``acc_mean/acc_std`` (the accuracy runs are scored by: best test accuracy, or with a
+    validation split the test accuracy at the best validation round), ``final_mean/final_std``,
+    ``rtt_mean/rtt_std`` (rounds to target on test over the seeds that reached it), ``reached``,
+    ``sec_to_target``, ``comm_to_target``, ``sec_per_round``, ``stability``, ``sel_acc_mean``,
+    ``sel_rtt_mean``, ``sel_reached`` (the same on the split that selects: :func:`selected_on`),
+    ``diverged``, ``statuses``, ``run_ids`` (scored runs), ``rank`` (1 = best config of its method under
+    its settings, by the ``sel_*`` numbers alone). ``attrs``: ``settings``, ``tuned``, ``rule``,
+    ``selected_on``. Confirm-stage runs are not read here (:func:`best_configs` scores with them).
     """
     params = trials.attrs.get("params", [])
     settings = [k for k in setting_keys if k in params]
     tuned = [k for k in params if k not in settings]
-    t = trials.copy()
+    split = selected_on(trials)
+    t = trials[trials["stage"] == "tune"]
     scored = t["status"].isin(SCORED)
-    ok = t["status"] != "diverged"
-    t["_acc"] = _col(t, "best/test_accuracy").where(ok).fillna(0.0)
-    t["_final"] = _col(t, "summary/final_test_accuracy").where(ok).fillna(0.0)
-    t["_rtt"] = _col(t, "rounds_to_target").where(ok)
-    t["_sec"] = _col(t, "summary/seconds_to_target").where(t["_rtt"].notna())
-    t["_comm"] = _col(t, "summary/comm_up_to_target").where(t["_rtt"].notna())
-    t["_spr"] = _col(t, "summary/seconds_per_round")
-    t["_stab"] = _col(t, "summary/stability").where(ok)
-
     # a method's config shows the keys it is tuned over: those that vary among its own trials
     # (FedAvg's unused server_data.lr, constant for it, is left out)
     own = {m: [k for k in tuned if g[k].dropna().astype(str).nunique() > 1] for m, g in t.groupby("method")}
     rows = []
     for cid, g in t.groupby("config_id", sort=False):
-        s = g[scored.loc[g.index]]
         first = g.iloc[0]
         rows.append({
             "config_id": cid, "method": first["method"],
             **{k: first[k] for k in settings},
             "config": ", ".join(f"{k}={_fmt_value(first[k])}" for k in own[first["method"]] if _present(first[k])),
-            "n": len(s),
-            "acc_mean": s["_acc"].mean(), "acc_std": s["_acc"].std(),
-            "final_mean": s["_final"].mean(), "final_std": s["_final"].std(),
-            "rtt_mean": s["_rtt"].mean(), "rtt_std": s["_rtt"].std(), "reached": int(s["_rtt"].notna().sum()),
-            "sec_to_target": s["_sec"].mean(), "comm_to_target": s["_comm"].mean(),
-            "sec_per_round": s["_spr"].mean(),
-            "stability": s["_stab"].mean(),
+            **_scores(g[scored.loc[g.index]], split),
             "diverged": int((g["status"] == "diverged").sum()),
             "statuses": ", ".join(f"{k} {v}" for k, v in g["status"].value_counts().sort_index().items()),
-            "run_ids": list(s["run_id"]), "draw": first.get("draw"),
+            "draw": first.get("draw"),
             **{f"param:{k}": first[k] for k in tuned},     # for the plots against sampled keys
         })
     table = pd.DataFrame(rows)
     if selection_rule(trials) == "target":
-        table["_frac"] = table["reached"] / table["n"].clip(lower=1)
-        keys, asc = ["_frac", "rtt_mean", "acc_mean", "config_id"], [False, True, False, True]
+        table["_frac"] = table["sel_reached"] / table["n"].clip(lower=1)
+        keys, asc = ["_frac", "sel_rtt_mean", "sel_acc_mean", "config_id"], [False, True, False, True]
     else:
-        keys, asc = ["acc_mean", "config_id"], [False, True]
+        keys, asc = ["sel_acc_mean", "config_id"], [False, True]
     table = table.sort_values(keys, ascending=asc, na_position="last")
     table["rank"] = table.groupby([*settings, "method"], sort=False, dropna=False).cumcount() + 1
     table = table.sort_values(["method", *settings, "rank"], kind="stable")
-    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials))
+    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials), selected_on=split)
     return table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True)
 
 
-def best_configs(configs: pd.DataFrame) -> pd.DataFrame:
+def best_configs(configs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rank-1 config of each (settings, method), ordered by settings then method.
 
     A method that lacks a setting key (FedAvg has no ``algorithm.temperature``) is compared under
-    every value of that key: its row is repeated for each value the other methods take."""
+    every value of that key: its row is repeated for each value the other methods take. With
+    ``trials`` holding confirm-stage runs of a selected config (``fedsweep tune`` with ``confirm:``),
+    its reported numbers are those runs' (``scored_on`` = ``confirm``), never the tuning seeds' it was
+    selected on; else ``scored_on`` = ``tuning``."""
     settings = configs.attrs.get("settings", [])
-    best = configs[configs["rank"] == 1]
+    best = configs[configs["rank"] == 1].copy()
+    best["scored_on"] = "tuning"
+    if trials is not None:
+        confirm = trials[(trials["stage"] == "confirm") & trials["status"].isin(SCORED)]
+        split = configs.attrs.get("selected_on", "test")
+        for i, row in best.iterrows():
+            runs = confirm[confirm["config_id"] == row["config_id"]]
+            if len(runs):
+                for key, value in _scores(runs, split).items():
+                    best.at[i, key] = value
+                best.at[i, "scored_on"] = "confirm"
     for key in settings:
         values = best[key].dropna().unique()
         missing = best[key].isna()
@@ -220,38 +265,43 @@ def relative_targets(trials: pd.DataFrame, runs: _Runs, settings: Sequence[str],
     """Set each trial's rounds to target against ``fraction`` × the reference's final accuracy.
 
     The FedSoftMax paper's R90 (Table 3) read as rounds to 90% of FedAvg's final accuracy: for each
-    value of the settings the reference has (it may lack some, e.g. a temperature), the threshold is
-    ``fraction`` × the mean final accuracy of the reference's config with the highest such mean; each
-    trial's rounds to target is the first evaluation at or above its threshold, from its accuracy
-    history. Rewrites ``rounds_to_target`` and ``summary/target_accuracy`` in place (seconds and
-    communication to target are dropped: they were counted to the absolute target). Returns
-    {values of the reference's settings: threshold}."""
-    ref = trials[(trials["method"] == reference) & trials["status"].isin(SCORED)]
+    value of the settings the reference has (it may lack some, e.g. a temperature), the reference's
+    config is the one with the highest mean final accuracy on the split that selects (:func:`selected_on`),
+    and the threshold is ``fraction`` × its mean final test accuracy; each trial's rounds to target is
+    the first evaluation at or above it, from its test accuracy history. With a validation split the
+    same is done on validation (``val_rounds_to_target``, against that config's final validation
+    accuracy), which selection reads. Rewrites ``rounds_to_target`` (and ``val_rounds_to_target``)
+    and ``summary/target_accuracy`` in place (seconds and communication to target are dropped: they
+    were counted to the absolute target). Returns {values of the reference's settings: threshold}."""
+    ref = trials[(trials["method"] == reference) & trials["status"].isin(SCORED) & (trials["stage"] == "tune")]
     if ref.empty:
         raise ConfigError(f"report.relative_target: the reference method {reference!r} has no finished trials")
     keys = [k for k in settings if ref[k].notna().all()]
-    final = _col(ref, "summary/final_test_accuracy").where(ref["status"] != "diverged").fillna(0.0)
-    per_config = ref.assign(_final=final).groupby([*keys, "config_id"], dropna=False)["_final"].mean()
-    if keys:
-        best = per_config.groupby(level=keys).max()
-        thresholds = {(g if isinstance(g, tuple) else (g,)): fraction * v for g, v in best.items()}
-    else:
-        thresholds = {(): fraction * per_config.max()}
-
-    rtt, target = [], []
-    for _, r in trials.iterrows():
-        group = tuple(r[k] for k in keys)
-        thr = thresholds.get(group)
-        hit = next((step for step, acc in runs.accuracy(r["run_id"]).items() if thr is not None and acc >= thr - 1e-12),
-                   None)
-        rtt.append(float(hit) if hit is not None and r["status"] != "diverged" else np.nan)
-        target.append(thr if thr is not None else np.nan)
-    trials["rounds_to_target"] = rtt
-    trials["summary/target_accuracy"] = target
+    splits = {"test": ("summary/final_test_accuracy", "test/accuracy", "rounds_to_target")}
+    if selected_on(trials) == "validation":
+        splits["validation"] = ("summary/final_val_accuracy", "val/accuracy", "val_rounds_to_target")
+    ok = ref["status"] != "diverged"
+    finals = ref.assign(**{split: _col(ref, col).where(ok).fillna(0.0) for split, (col, _, _) in splits.items()})
+    per_config = finals.groupby([*keys, "config_id"], dropna=False)[list(splits)].mean()
+    chooser = "validation" if "validation" in splits else "test"
+    chosen = per_config.loc[per_config.groupby(level=keys)[chooser].idxmax()] if keys else \
+        per_config.loc[[per_config[chooser].idxmax()]]
+    thresholds = {split: {(tuple(i[:-1]) if keys else ()): fraction * v for i, v in chosen[split].items()}
+                  for split in splits}
+    for split, (_, history_key, column) in splits.items():
+        values = []
+        for _, r in trials.iterrows():
+            thr = thresholds[split].get(tuple(r[k] for k in keys))
+            hit = next((step for step, acc in runs.accuracy(r["run_id"], history_key).items()
+                        if thr is not None and acc >= thr - 1e-12), None)
+            values.append(float(hit) if hit is not None and r["status"] != "diverged" else np.nan)
+        trials[column] = values
+    trials["summary/target_accuracy"] = [thresholds["test"].get(tuple(r[k] for k in keys), np.nan)
+                                         for _, r in trials.iterrows()]
     trials.drop(columns=[c for c in ("summary/seconds_to_target", "summary/comm_up_to_target") if c in trials],
                 inplace=True)
     trials.attrs["target_keys"] = keys
-    return thresholds
+    return thresholds["test"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,12 +336,12 @@ class _Runs:
     def __init__(self, client):
         self.client, self._accuracy, self._logs = client, {}, {}
 
-    def accuracy(self, run_id: str) -> pd.Series:
-        """Test accuracy by round."""
-        if run_id not in self._accuracy:
-            history = self.client.get_metric_history(run_id, "test/accuracy")
-            self._accuracy[run_id] = pd.Series({m.step: m.value for m in history}, dtype=float).sort_index()
-        return self._accuracy[run_id]
+    def accuracy(self, run_id: str, key: str = "test/accuracy") -> pd.Series:
+        """Test accuracy (or the history of metric ``key``) by round."""
+        if (run_id, key) not in self._accuracy:
+            history = self.client.get_metric_history(run_id, key)
+            self._accuracy[run_id, key] = pd.Series({m.step: m.value for m in history}, dtype=float).sort_index()
+        return self._accuracy[run_id, key]
 
     def client_log(self, run_id: str) -> pd.DataFrame | None:
         """The run's ``clients.csv`` artifact (per round and sampled client), or None if it has none."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from fedsweep.config.schema import ConfigError
 from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
@@ -49,7 +50,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
         thresholds = relative_targets(trials, runs, settings_in, reference, relative_target)
     configs = config_table(trials, setting_keys)
-    best = best_configs(configs)
+    best = best_configs(configs, trials)
     settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
     if thresholds is not None:
         keys = trials.attrs["target_keys"]
@@ -94,6 +95,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         f"- trials: {len(trials)} ({counts})" + (f"; {dupes} superseded duplicate run(s) ignored" if dupes else ""),
         f"- generated: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         f"- best config per method: {rule_text}",
+        f"- {_splits_text(configs.attrs['selected_on'], best)}",
         f"- settings (compared, not tuned; best config chosen per setting): "
         f"{', '.join(f'`{k}`' for k in settings) or 'none'}",
         f"- tuned params: {', '.join(f'`{k}`' for k in tuned) or 'none'}",
@@ -163,3 +165,20 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _splits_text(split: str, best: pd.DataFrame) -> str:
+    """Which split selected each method's config and which runs its numbers come from."""
+    if split == "validation":
+        chose = ("selected on the validation split (best validation accuracy; rounds to the target on "
+                 "validation); scored on the test split, each run at its round of best validation accuracy")
+    else:
+        chose = ("selected and scored on the test split: these runs have no validation split "
+                 "(`data.validation_fraction`), so each best config's numbers are optimistic")
+    confirmed = (best["scored_on"] == "confirm").all()
+    if confirmed:
+        return f"{chose}; every number of a best config comes from its confirm runs (fresh seeds), not the seeds it was selected on"
+    if (best["scored_on"] == "confirm").any():
+        return f"{chose}; best configs with confirm runs are scored on them, the others on their tuning seeds"
+    return (f"{chose}; the numbers come from the tuning seeds the configs were selected on (no `confirm:` stage), "
+            "so the best of several configs is favoured by its seeds' luck (the winner's curse)")
