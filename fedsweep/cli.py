@@ -235,7 +235,8 @@ def _report(args) -> int:
 
     from fedsweep.report import write_report
     from fedsweep.sweep.search import sampled_keys
-    from fedsweep.sweep.spec import check_report, expand, load_sweep, reference_method
+    from fedsweep.sweep.checks import check_report, reference_method
+    from fedsweep.sweep.spec import expand, load_sweep
     sweep = load_sweep(args.sweep)
     trials = expand(sweep, source=args.sweep)
     check_report(sweep, trials, source=args.sweep)

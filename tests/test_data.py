@@ -117,7 +117,8 @@ def test_mnist_5k_trains_every_model_and_is_checked_before_ray():
     is refused by the sweep's driver before Ray, as for digits."""
     from fedsweep.config.schema import build_config
     from fedsweep.runs.run import train
-    from fedsweep.sweep.spec import Trial, check_data
+    from fedsweep.sweep.checks import check_data
+    from fedsweep.sweep.spec import Trial
     from conftest import tiny_raw
     data = {"name": "mnist_5k", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
     for model in ({"name": "mlp", "hidden": 16}, {"name": "lenet5"}, {"name": "cnn"}):

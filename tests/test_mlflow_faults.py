@@ -2,8 +2,6 @@
 in a mount namespace of its own) or whose experiment is deleted mid-run; a checkpoint folder another
 run uses; a sweep's storage that fills up or vanishes; and the metrics of a run read from another
 process while it trains."""
-import fcntl
-import json
 import os
 import shutil
 import signal

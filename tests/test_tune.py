@@ -787,7 +787,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
 def test_shipped_sweeps_validate(path):
     """Every sweep in sweeps/ expands into valid trials and has valid report keys (what tune checks first)."""
-    from fedsweep.sweep.spec import check_data, check_report
+    from fedsweep.sweep.checks import check_data, check_report
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
     check_report(sweep, trials, source=path)

@@ -6,7 +6,7 @@ hybrid-FL server pool (:mod:`fedsweep.data.server`) where there is one, + a part
 engines index ``x_train[client_indices[i][batch]]`` directly (docs/design.md §1.5).
 
 The split itself (:func:`split_federated`) is numpy: a sweep's driver makes it for each of its trials'
-data set-ups before Ray starts (``sweep.check_data``) without importing torch, which it would
+data set-ups before Ray starts (``sweep.checks.check_data``) without importing torch, which it would
 otherwise import for nothing else (~0.8 s of its start-up).
 """
 from __future__ import annotations

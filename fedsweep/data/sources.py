@@ -78,7 +78,7 @@ def digits_arrays(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     of pixels 0..16, float64, and their int64 labels), read from the file scikit-learn ships them in
     (``path``, default ``sklearn/datasets/data/digits.csv.gz``), as ``load_digits`` itself does, without
     importing scikit-learn: 5 ms, against 0.56 s for importing ``sklearn.datasets`` (it imports scipy
-    and pandas), which a sweep's driver would pay to check its trials' data (``sweep.check_data``).
+    and pandas), which a sweep's driver would pay to check its trials' data (``sweep.checks.check_data``).
     If the file is not there (a scikit-learn that keeps it elsewhere), ``load_digits``."""
     if path is None:
         import importlib.util

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fedsweep.config.schema import ConfigError, RunConfig, flatten
+from fedsweep.config.schema import ConfigError, RunConfig
 from fedsweep.util.lazy import torch
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",

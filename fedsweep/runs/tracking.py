@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.config.schema import ConfigError
 
 DEFAULT_DB = "mlflow.db"
 # A run's `fedsweep.status` tag, and the MLflow run status it ends with. A diverged run ran to its

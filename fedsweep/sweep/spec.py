@@ -25,8 +25,13 @@ from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
 #: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
 #: scheduler or a searcher may read; ``round`` is reported too, as the scheduler's time axis.
-#: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1.
-TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target")
+#: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1. The
+#: ``val`` ones only where the trials have a validation split (``data.validation_fraction``).
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target",
+                "val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target")
+#: Each test metric's validation twin: what selection reads once the trials have a validation split.
+ON_VALIDATION = {"test/accuracy": "val/accuracy", "test/loss": "val/loss", "best/test_accuracy": "best/val_accuracy",
+                 "rounds_to_target": "val_rounds_to_target"}
 
 
 class _Strict(BaseModel):
@@ -36,7 +41,9 @@ class _Strict(BaseModel):
 class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
     metric: str = Field("test/accuracy", description="Metric ASHA compares at its rungs, as of the last "
-                        "evaluation: " + ", ".join(TUNE_METRICS) + ".")
+                        "evaluation: " + ", ".join(TUNE_METRICS) + ". Where the trials have a validation split "
+                        "(`data.validation_fraction`) selection reads it: the default becomes val/accuracy, and a "
+                        "test metric is refused (test only scores).")
     mode: Literal["max", "min"] = Field("max", description="Whether larger `metric` is better.")
     grace_period: int = Field(10, ge=1, description="Rounds before a trial may be stopped: ASHA's first rung "
                               "(the others at grace_period × η^k, up to the most rounds of any trial).")
@@ -227,8 +234,9 @@ def _check_searcher(sweep: SweepConfig, path) -> None:
     if search.metric not in TUNE_METRICS:
         raise ConfigError(f"{path}: search.metric: {search.metric!r} is not a metric trials report; "
                           f"allowed: {', '.join(TUNE_METRICS)}")
-    if search.metric == "rounds_to_target" and (sweep.base.get("eval") or {}).get("target_accuracy") is None:
-        raise ConfigError(f"{path}: search.metric: rounds_to_target needs base.eval.target_accuracy")
+    if search.metric in ("rounds_to_target", "val_rounds_to_target") and \
+            (sweep.base.get("eval") or {}).get("target_accuracy") is None:
+        raise ConfigError(f"{path}: search.metric: {search.metric} needs base.eval.target_accuracy")
     if sweep.pack not in (None, 1):
         raise ConfigError(f"{path}: pack: optuna draws each config when its trial starts, and a pack's configs "
                           "are fixed before any trial does; remove `pack`, or use `searcher: random`")
@@ -357,83 +365,3 @@ def pack_units(sweep: SweepConfig, trials: list[Trial]) -> list[list[int]]:
         n = -(-len(members) // sweep.pack)
         units += [[t.index for t in members[j::n]] for j in range(n)]
     return units
-
-
-def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
-    """``report.settings`` must be config keys and ``report.reference`` one of the sweep's methods."""
-    # configs differ in their keys only by their algorithm's parameters, which their method fixes
-    keys = set().union(*(t.config.flat() for t in {t.method: t for t in reversed(trials)}.values()))
-    for key in sweep.report.settings:
-        if key not in keys:
-            varied = sorted({k for t in trials for k in t.overrides if k not in ("seed", "algorithm.name")})
-            raise ConfigError(f"{source}: report.settings: {key!r} is not a config key; the keys this sweep "
-                              f"varies are: {', '.join(varied) or 'none'}")
-    methods = sorted({t.method for t in trials})
-    ref = sweep.report.reference
-    if ref is not None and ref not in methods:
-        raise ConfigError(f"{source}: report.reference: {ref!r} is not a method of this sweep; "
-                          f"allowed: {', '.join(methods)}")
-    if sweep.report.relative_target is not None and reference_method(sweep, methods) is None:
-        raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
-
-
-def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep", local: bool = True) -> None:
-    """What a trial would otherwise find only once Ray runs it, after every retry: a ``device: cuda``
-    trial given no GPU (``resources.gpu: 0`` hides every GPU from it), a split of the data it cannot
-    make (:func:`check_data`) and, for a sweep run on this machine (``local``; a cluster's nodes hold
-    their own files), a torchvision dataset's missing files."""
-    check_data(trials, source)
-    if sweep.resources.gpu == 0:
-        cuda = next((t for t in trials if t.config.device == "cuda"), None)
-        if cuda is not None:
-            raise ConfigError(f"{source}: device: 'cuda' (trial {cuda.label}) needs resources.gpu > 0; a trial "
-                              f"sees only the GPUs Ray gave it")
-    if local:
-        from fedsweep.data.sources import check_files
-        _check_each_distinct(trials, lambda t: t.config.data.model_dump_json(), lambda t: check_files(t.config.data),
-                             source)
-
-
-def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:
-    """``check(trial)`` for the first trial of each distinct ``key(trial)`` (a key of None: not
-    checked); a ConfigError it raises comes back as one line naming ``source`` and that trial."""
-    checked: set[str] = set()
-    for t in trials:
-        k = key(t)
-        if k is None or k in checked:
-            continue
-        checked.add(k)
-        try:
-            check(t)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e} (trial {t.label})") from None
-
-
-# Datasets made in memory (no files), in a fraction of a second: the ones check_data splits before Ray.
-MADE_IN_MEMORY = ("digits", "mnist_5k", "synthetic")
-
-
-def check_data(trials: list[Trial], source: str = "sweep") -> None:
-    """Each distinct data set-up of the trials (``data``, ``server_data``) on ``digits``, ``mnist_5k``
-    or ``synthetic`` made and split over its clients here, as its first trial will make it: a split that
-    cannot be made (``classes_per_client`` above the number of classes, more clients than samples, a
-    ``train_size`` or server pool too large, ...) is refused in one line naming the key and the trial,
-    instead of failing every trial that uses it once Ray runs them. Digits' split errors depend on
-    its sizes, not on the seed; synthetic's clients' sizes are drawn from the seed, so each of its
-    seeds is made. Torchvision datasets are not made here: loading one takes seconds, and a cluster's
-    nodes hold their own files; their trials find such errors when they load them."""
-    from fedsweep.data import split_federated
-
-    def setup(t: Trial) -> str | None:
-        cfg = t.config
-        if cfg.data.name not in MADE_IN_MEMORY:
-            return None
-        return cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
-            (str(cfg.seed) if cfg.data.name == "synthetic" else "")
-    _check_each_distinct(trials, setup, lambda t: split_federated(t.config.data, t.config.seed,
-                                                                  server=t.config.server_data), source)
-
-
-def reference_method(sweep: SweepConfig, methods) -> str | None:
-    """``report.reference``, else ``fedavg`` if among ``methods``, else None."""
-    return sweep.report.reference or ("fedavg" if "fedavg" in set(methods) else None)

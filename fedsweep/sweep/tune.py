@@ -27,8 +27,9 @@ from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
-from fedsweep.sweep.spec import (SweepConfig, Trial, check_report, check_runnable, iter_trials, load_sweep,
-                                 pack_units, run_name, trial_count, varying_keys)
+from fedsweep.sweep.checks import check_report, check_runnable, select_on_validation
+from fedsweep.sweep.spec import (SweepConfig, Trial, iter_trials, load_sweep, pack_units, run_name, trial_count,
+                                 varying_keys)
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import make_mlflow_callback
 from fedsweep.sweep.progress import make_progress_callback
@@ -143,6 +144,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     from fedsweep.sweep.dryrun import Progress
     trials = list(iter_trials(sweep, source=str(path), progress=Progress(trial_count(sweep))))   # a big grid says how far
     check_report(sweep, trials, source=str(path))   # a typo here would only surface after the sweep
+    select_on_validation(sweep, trials, source=str(path))
 
     check_runnable(sweep, trials, source=str(path), local=not address)
     mode = None
