@@ -116,7 +116,8 @@ def sweep_trials(path: str, pack, device: str, repeat: int = 1, packed_too: bool
     import fedsweep
     from fedsweep.sweep.pack import train_packed
     from fedsweep.runs.run import train
-    from fedsweep.sweep.spec import expand, load_sweep, pack_units
+    from fedsweep.sweep.spec import expand, load_sweep
+    from fedsweep.sweep.units import pack_units
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)
     cfgs = [t.config.model_copy(update={"mlflow": t.config.mlflow.model_copy(update={"enabled": False}),

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_raw, write_mnist
 from fedsweep.config.schema import ConfigError, build_config
 from fedsweep.sweep.pack import PackedModule, train_packed
-from fedsweep.sweep.spec import pack_key
+from fedsweep.sweep.units import pack_key
 from fedsweep.config.registry import available, get_algorithm_class
 from fedsweep.runs.run import train
 

@@ -197,7 +197,7 @@ def test_dry_run_and_bad_sweep_files(tmp_path, capsys, monkeypatch):
 
 def test_what_changed_since_a_sweep_started(tmp_path):
     """What `--resume` compares: the saved trials against those the sweep file gives now."""
-    from fedsweep.sweep.spec import pack_units
+    from fedsweep.sweep.units import pack_units
     from fedsweep.sweep.tune import _changed_since_start, _trial_payloads
 
     def state(**over):

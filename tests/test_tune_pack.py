@@ -7,7 +7,8 @@ import pytest
 
 from fedsweep.cli import main
 from fedsweep.runs.run import train
-from fedsweep.sweep.spec import expand, load_sweep, pack_units
+from fedsweep.sweep.spec import expand, load_sweep
+from fedsweep.sweep.units import pack_units
 from conftest import write_mnist
 from test_tune import TINY, _statuses, _wait_for, ray_processes_of, start_sweep, trial_runs, write_sweep
 

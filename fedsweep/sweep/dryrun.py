@@ -13,7 +13,8 @@ import time
 
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.checks import check_report
-from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, pack_units, trial_count
+from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, trial_count
+from fedsweep.sweep.units import pack_units
 
 TABLE_ROWS = 100        # rows of the table without --all
 PROGRESS_EVERY_S = 2.0  # a progress line while validating, this often (none for a sweep checked sooner)

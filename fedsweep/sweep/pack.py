@@ -18,7 +18,7 @@ groups; the others go on). A member's numbers equal its unpacked run's up to flo
 
 Members must share what fixes the engine's shapes: the model, the data source (its tensors are
 concatenated once, equal ones kept once), the round count, the engine and the device
-(:func:`fedsweep.sweep.spec.pack_key`). Members whose engine is the loop (``engine: loop``, or ``auto``
+(:func:`fedsweep.sweep.units.pack_key`). Members whose engine is the loop (``engine: loop``, or ``auto``
 with a conv model on a CPU) run their own engines one after another.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from fedsweep.engine import ClientData
 from fedsweep.engine.vectorized import VectorizedEngine
 from fedsweep.sim.heterogeneity import Batches
 from fedsweep.runs.module import FederatedModule, RoundWork, Rounds
-from fedsweep.sweep.spec import client_code, pack_key
+from fedsweep.sweep.units import client_code, pack_key
 
 # On a CPU, one engine call's client states should stay within the cache: the local steps stream
 # the (rows, n) state several times per step. Measured on 2 cores (benchmarks/README.md): 12 FedLGA

@@ -2,7 +2,7 @@
 
 Layout of the work (the measurements behind it: docs/design.md §7):
 
-- the sweep's trials are grouped into units (:func:`fedsweep.sweep.spec.pack_units`): one trial each,
+- the sweep's trials are grouped into units (:func:`fedsweep.sweep.units.pack_units`): one trial each,
   or packs of several trained together (``pack:``, :mod:`fedsweep.sweep.pack`); Tune runs one function
   trainable per unit (:mod:`fedsweep.sweep.trainable`), which checkpoints at a stable path of its own in
   the sweep's storage (:mod:`fedsweep.sweep.storage`: a folder, or a URI, that every node reaches; on a
@@ -28,8 +28,8 @@ from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
 from fedsweep.sweep.checks import check_report, check_runnable, select_on_validation
-from fedsweep.sweep.spec import (SweepConfig, Trial, iter_trials, load_sweep, pack_units, run_name, trial_count,
-                                 varying_keys)
+from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, load_sweep, run_name, trial_count, varying_keys
+from fedsweep.sweep.units import pack_units
 from fedsweep.sweep.trainable import run_unit
 from fedsweep.sweep.callbacks import make_mlflow_callback
 from fedsweep.sweep.progress import make_progress_callback
