@@ -7,7 +7,7 @@ import pytest
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from fedsweep.sweep.trainable import Rungs
-from fedsweep.sweep.tune import asha_rungs
+from fedsweep.sweep.tuners import asha_rungs
 
 
 def asha(grace, rf, max_t):

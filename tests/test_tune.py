@@ -466,7 +466,7 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
     from ray.tune.experiment import Trial
 
     from fedsweep.cli import sweep_outcome
-    from fedsweep.sweep.ending import _outcomes
+    from fedsweep.sweep.ending import outcomes
     client, writer, payloads, missing = _driver_writer(tmp_path)
     done, stopped = (Trial("run_unit", config={"trial": i}, trial_id=f"t{i}", stub=True) for i in (0, 2))
     rows = [{"round": r, "train/loss": 1.0, "round/seconds": 0.1, "comm/up_models": 4.0, "comm/down_models": 4.0,
@@ -495,7 +495,7 @@ def test_a_run_whose_summary_cannot_be_had_ends_incomplete_and_is_named(tmp_path
         assert "summary/rounds" not in run.data.metrics and client.list_artifacts(run.info.run_id) == []
         assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2, 3, 4]
 
-    outcome = _outcomes(client, runs["t0"].info.experiment_id, writer.parent_id)
+    outcome = outcomes(client, runs["t0"].info.experiment_id, writer.parent_id)
     assert outcome["finished"] == 1 and outcome["incomplete"] == 2
     lines = sweep_outcome({**outcome, "trials": 3, "unfinished": 0, "parent_run_id": writer.parent_id,
                            "experiment": "p", "experiment_id": runs["t0"].info.experiment_id,

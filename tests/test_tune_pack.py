@@ -20,7 +20,7 @@ def test_packed_sweep_logs_each_config_as_its_own_run(tmp_path, monkeypatch, cap
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("FEDSWEEP_TIMELINE", str(tmp_path))   # each worker's phases and checkpoints
-    monkeypatch.setattr("fedsweep.sweep.tune.REPORT_EVERY_S", 60.0)  # without a scheduler: no report before the last
+    monkeypatch.setattr("fedsweep.sweep.tuners.REPORT_EVERY_S", 60.0)  # without a scheduler: no report before the last
     path = write_sweep(tmp_path / "p.yaml", "p", seeds=[0, 1], pack=4)
     sweep = load_sweep(path)
     trials = expand(sweep, source=path)

@@ -229,6 +229,26 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     return table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True)
 
 
+def selected_configs(tracking_uri: str | None, experiment: str, sweep: str,
+                     setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
+                     relative_target: float | None = None) -> pd.DataFrame:
+    """The rank-1 config of each (settings, method) among the sweep's tuning trials, by the rule the
+    report's best-config table uses (a confirm stage reruns exactly these): one row each, with its
+    ``config_id`` and ``run_ids``. Raises ConfigError where a method has nothing scored to select."""
+    from mlflow import MlflowClient
+    trials = load_trials(tracking_uri, experiment, sweep)
+    if relative_target is not None:
+        settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
+        relative_targets(trials, _Runs(MlflowClient(tracking_uri=trials.attrs["tracking_uri"])), settings_in,
+                         reference, relative_target)
+    configs = config_table(trials, setting_keys)
+    unscored = sorted(set(trials["method"]) - set(configs.loc[configs["n"] > 0, "method"]))
+    if unscored:
+        raise ConfigError(f"confirm: {', '.join(unscored)} has no scored tuning trial to select a config from "
+                          "(every one failed or is incomplete)")
+    return configs[(configs["rank"] == 1) & (configs["n"] > 0)].reset_index(drop=True)
+
+
 def best_configs(configs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rank-1 config of each (settings, method), ordered by settings then method.
 

@@ -134,6 +134,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
                     "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
                     **({"fedsweep.draw": str(info["draw"])} if "draw" in info else {}),   # optuna's draw order
+                    **({"fedsweep.stage": info["stage"]} if "stage" in info else {}),     # confirm runs
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
                        else {})}, params=self._params(index), config=info["run"])
                 self.logged[key] = 0

@@ -13,6 +13,7 @@ import time
 
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.checks import check_report
+from fedsweep.sweep.confirm import selection_group
 from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, trial_count
 from fedsweep.sweep.units import pack_units
 
@@ -42,11 +43,13 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
     if sweep.search is not None:
         print(search_summary(sweep), file=out, flush=True)
     keep_all = show_all or sweep.pack not in (None, 1)
-    kept, first_of_method, count = [], {}, 0
+    kept, first_of_method, count, groups = [], {}, 0, set()
     for trial in iter_trials(sweep, source=path, progress=Progress(total)):
         if keep_all or count < TABLE_ROWS:
             kept.append(trial)
         first_of_method.setdefault(trial.method, trial)
+        if sweep.confirm is not None:
+            groups.add(selection_group(sweep, trial))
         count += 1
     methods = list(first_of_method.values())   # their keys are every trial's (a method's trials set the same)
     check_report(sweep, methods, source=path)
@@ -58,9 +61,13 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
     if len(shown) < count:
         print(f"... and {count - len(shown):,} more trials: `fedsweep tune {path} --dry-run --all` prints every one",
               file=out)
+    if groups:
+        print(f"then a confirm stage: {len(groups) * len(sweep.confirm.seeds):,} trials, the selected config of each "
+              f"of {len(groups)} methods and settings on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
+              file=out)
     if any(t.sampled for t in methods):
         print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
-    return {"trials": count}
+    return {"trials": count, "confirm": len(groups) * len(sweep.confirm.seeds) if groups else 0}
 
 
 def trial_table(trials: list[Trial], columns_of: list[Trial] | None = None) -> str:

@@ -37,7 +37,7 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
     if writer.drain(grace):   # the store has every write: its runs are the truth
         try:
             interrupted += _close_interrupted(client, exp_id, parent_id)
-            counts = _outcomes(client, exp_id, parent_id)
+            counts = outcomes(client, exp_id, parent_id)
         except Exception:  # noqa: BLE001 - the store failed again: Tune's view below
             counts = None
     if counts is None:
@@ -113,6 +113,13 @@ def resume_problem(store) -> str | None:
         return f"its record in {store.where()} is gone"
     if state.get("parent_run_id") is None:
         return "it was stopped while it was being set up, before any trial started"
+    if state.get("stage") == "confirm":   # the confirm stage's Tune run is the one to continue
+        from fedsweep.sweep.confirm import EXPERIMENT
+        store = store.child(EXPERIMENT)
+        try:
+            names = store.names()
+        except OSError as e:
+            return f"its confirm stage's record in {store.where()} cannot be read ({_one_line(e)})"
     if "tuner.pkl" not in names or not store.read_bytes("tuner.pkl"):
         return f"Ray Tune's record of it (tuner.pkl) is missing or empty in {store.where()}"
     newest = max((n for n in names if n.startswith("experiment_state-") and n.endswith(".json")), default=None)
@@ -208,7 +215,7 @@ def _close_interrupted(client, exp_id: str, parent_id: str) -> int:
     return len(runs)
 
 
-def _outcomes(client, exp_id: str, parent_id: str) -> dict:
+def outcomes(client, exp_id: str, parent_id: str) -> dict:
     """How many of the sweep's trials ended in each status; ``errors``: each failed trial's error
     line (its run's ``fedsweep.error`` tag) with how many trials ended with it; ``incomplete_runs``:
     for each reason a run ended without its summary, the names of those runs."""

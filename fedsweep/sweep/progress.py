@@ -42,22 +42,25 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
     return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
 
 
-def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None):
+def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None,
+                           indices: list[int] | None = None):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
     per second since the first report). Counts come from Tune's list of every trial, so a resumed
     sweep counts what ran before too. ``store``: the sweep's storage, to say where a failed trial's
-    traceback is kept."""
+    traceback is kept. ``indices``: the sweep trials this Tune run has (default every one; the confirm
+    stage's run has only its own)."""
     from ray import tune
+    stage = list(range(len(payloads))) if indices is None else list(indices)
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best = len(payloads), None
+            self.total, self.best = len(stage), None
             self.storage_said = False
             self._start_clock()
 
         def _start_clock(self):
-            self.rounds_total = sum(p["run"]["rounds"] for p in payloads)
+            self.rounds_total = sum(payloads[i]["run"]["rounds"] for i in stage)
             self.started, self.last_print = time.monotonic(), time.time()
             self.reported: dict[int, int] = {}   # sweep trial -> last round it reported
             self.first: tuple[float, int] | None = None   # (when, rounds done) at the first report

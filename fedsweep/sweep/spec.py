@@ -74,6 +74,14 @@ class ReportConfig(_Strict):
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
 
 
+class ConfirmConfig(_Strict):
+    seeds: list[int] = Field(
+        ..., min_length=1, description="Fresh seeds (none of `seeds`) on which, once every tuning trial has "
+        "ended, each method's selected config per setting is run again (a trial each, tagged "
+        "`fedsweep.stage=confirm`); `fedsweep report` scores and compares methods on these runs only, free of "
+        "the luck of the seeds a config was picked on.")
+
+
 class SweepConfig(_Strict):
     name: str | None = Field(
         None, description="Sweep name (default: the file name without .yaml): one path component of letters, "
@@ -104,6 +112,8 @@ class SweepConfig(_Strict):
         "scheduler every report (at ASHA's rungs, and at most once a second) carries one: a stopped run's "
         "artifacts are made from it."))
     scheduler: SchedulerConfig | None = None
+    confirm: ConfirmConfig | None = Field(
+        None, description="A confirm stage after the tuning trials (docs/sweeps.md, Confirm stage).")
     pack: int | Literal["seeds"] | None = Field(
         None, description="Train several configs in one trial (docs/sweeps.md, Packed trials): `seeds` packs the "
         "seeds of each config, a number N packs up to N configs that share model, data source and rounds (say "
@@ -117,7 +127,7 @@ class SweepConfig(_Strict):
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "allowed: 1-100 letters, digits, '.', '_' and '-', starting with a letter or digit"
 
-register_models(SweepConfig, SearchConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
+register_models(SweepConfig, ConfirmConfig, SearchConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
 
 
 @dataclass
@@ -206,6 +216,14 @@ def load_sweep(path: str | Path) -> SweepConfig:
         if not values:
             raise ConfigError(f"{path}: grid key {key}: empty list of values")
     check_keys(sweep, str(path))
+    if sweep.confirm is not None:
+        tuning = set(sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))])
+        reused = sorted(tuning & set(sweep.confirm.seeds))
+        if reused:
+            raise ConfigError(f"{path}: confirm.seeds: {', '.join(map(str, reused))} also tune the configs (seeds:); "
+                              "a confirm run must not share the seed its config was picked on")
+        if len(set(sweep.confirm.seeds)) < len(sweep.confirm.seeds):
+            raise ConfigError(f"{path}: confirm.seeds: a seed is given twice")
     if isinstance(sweep.pack, int) and sweep.pack < 1:
         raise ConfigError(f"{path}: pack: {sweep.pack} is not allowed; allowed: a number ≥ 1, `seeds`, or no `pack`")
     if sweep.pack not in (None, 1) and sweep.scheduler is not None:

@@ -30,14 +30,9 @@ from fedsweep.sweep.dryrun import dry_run as print_dry_run
 from fedsweep.sweep.checks import check_report, check_runnable, select_on_validation
 from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, load_sweep, run_name, trial_count, varying_keys
 from fedsweep.sweep.units import pack_units
-from fedsweep.sweep.trainable import run_unit
-from fedsweep.sweep.callbacks import make_mlflow_callback
-from fedsweep.sweep.progress import make_progress_callback
+from fedsweep.sweep import tuners
 
 DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
-# A trial reports to Tune at most this often (every row still arrives), and where a scheduler decides:
-# a report is a round trip to the driver, and a 1-second trial evaluating every 5 rounds made 20.
-REPORT_EVERY_S = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,8 +199,13 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
     if not _current_trials_file(saved):
         raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
                           "of an older format); start it over with --restart")
-    changed = _changed_since_start(json.loads(saved), _trial_payloads(trials, sweep),
-                                   pack_units(sweep, trials), _search_text(sweep))
+    saved = json.loads(saved)
+    n_trials, n_units = saved.get("confirm_from", [len(saved["trials"]), len(saved["units"])])   # the tuning part
+    changed = _changed_since_start({**saved, "trials": saved["trials"][:n_trials], "units": saved["units"][:n_units]},
+                                   _trial_payloads(trials, sweep), pack_units(sweep, trials), _search_text(sweep))
+    then, now = saved.get("confirm"), sweep.confirm.seeds if sweep.confirm is not None else None
+    if not changed and then != now:
+        changed = f"confirm seeds {then or 'none'} then, {now or 'none'} now"
     if changed:
         raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
                           f"sweep runs the trials it started with: restore the file (its MLflow parent run "
@@ -248,7 +248,9 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
 
 
 def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
-    """Inside the Ray session: the parent run, Tune's run (new or restored), the sweep's outcome."""
+    """Inside the Ray session: the parent run, Tune's run of the tuning stage (new or restored), then,
+    with ``confirm:``, the confirm stage's (:mod:`fedsweep.sweep.confirm`), and the sweep's outcome."""
+    from fedsweep.sweep.confirm import EXPERIMENT, confirm_size
     from fedsweep.sweep.ending import end_sweep, quiet_tune_state_errors, replay_unlogged
     store = root.child(sweep.name)
     if resume:
@@ -258,7 +260,6 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         saved = json.loads(store.read_text(TRIALS_FILE))
         payloads, units = saved["trials"], saved["units"]
         client.set_terminated(parent_id, status="RUNNING")
-        tuner = _restored_tuner(sweep, payloads, units, store, state.get("sweep_id"))
     else:
         units = pack_units(sweep, trials)
         # The state file first: from here on the folder is known as this sweep's (`--restart` may
@@ -272,40 +273,92 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         state["parent_run_id"] = parent_id
         store.write_text(STATE_FILE, json.dumps(state))
         payloads = _trial_payloads(trials, sweep)
-        store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units, "search": _search_text(sweep)}))
-        tuner = _new_tuner(sweep, trials, payloads, units, root, store, state["sweep_id"], uri, exp_id, parent_id)
-    total = len(payloads)
-    packs = f" in {len(units)} packs" if len(units) < total else ""
-    print(f"{sweep.name}: {total} trials{packs}; MLflow experiment {experiment!r} at {uri}", file=sys.stderr)
+        store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units, "search": _search_text(sweep),
+                                                  "confirm": sweep.confirm.seeds if sweep.confirm else None}))
+    confirming = state.get("stage") == "confirm"
+    ahead = 0 if confirming else confirm_size(sweep, trials)   # confirm trials not planned yet
+    total = len(payloads) + ahead
+    packs = f" in {len(units)} packs" if len(units) < len(payloads) else ""
+    then = f", then {ahead} confirm trials" if ahead else " (on to its confirm stage)" if confirming else ""
+    print(f"{sweep.name}: {len(payloads) if not confirming else total} trials{packs}{then}; MLflow experiment "
+          f"{experiment!r} at {uri}", file=sys.stderr)
     from fedsweep.util.startup import end_startup
     end_startup()   # the driver's imports (Ray, MLflow) are done
     quiet_tune_state_errors(store.where())
     grace = float(payloads[0]["run"]["mlflow"].get("retry_seconds", 120.0))
-    stopped = None
+    sweep_id = state.get("sweep_id")
+    where = store.child(EXPERIMENT) if confirming else store
+    if resume:
+        tuner = tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where)
+    else:
+        tuner = tuners.new_tuner(sweep, trials, payloads, units, root, store, sweep_id, uri, exp_id, parent_id)
+    stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where), grace)
+    if stopped is None and not confirming and sweep.confirm is not None:
+        try:
+            planned = _plan_confirm(sweep, payloads, units, store, state, uri, client, exp_id, parent_id, experiment,
+                                    grace)
+        except ConfigError as e:   # the tuning records cannot be read, or a method has none to select
+            stopped, planned = e, None
+        if planned is not None:    # None: the tuning stage was interrupted (Ctrl-C): --resume goes on with it
+            payloads, units, tuner = planned
+            total = len(payloads)
+            stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(
+                sweep, payloads, units, store, sweep_id, store.child(EXPERIMENT)), grace)
+    ended = end_sweep(name=sweep.name, store=store, state=state, parent_id=parent_id, total=total, units=units,
+                      uri=uri, client=client, exp_id=exp_id, grace=grace, stopped=stopped)
+    return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
+            "experiment_id": exp_id, **ended}
+
+
+def _drive(tuner, restore, grace: float):
+    """Run ``tuner`` to its end; returns (what stopped it, or None; the grace left for MLflow's writes)."""
     for lost in range(LOST_RESULT_RETRIES + 1):
         try:
             tuner.fit()
-            break
+            return None, grace
         except RuntimeError as e:
             if lost == LOST_RESULT_RETRIES or not _lost_with_its_node(e):
-                stopped = e
-                break
+                return e, grace
             # A node died after a trial's result was made there and before the driver fetched it:
             # Ray Tune 2.60 stops on that (it expects only an actor's death). What a trial needs to
             # go on is in the storage, so the sweep continues as `--resume` would, in this process.
             print("[sweep] Ray Tune stopped: a trial's result was lost with its node; continuing from "
                   "the trials' checkpoints, as --resume would", file=sys.stderr)
-            tuner = _restored_tuner(sweep, payloads, units, store, state.get("sweep_id"))
-        except Exception as e:  # noqa: BLE001 - Tune stopped on a fault (a full or vanished storage): said below
-            stopped = e
-            break
+            tuner = restore()
+        except Exception as e:  # noqa: BLE001 - Tune stopped on a fault (a full or vanished storage): said after
+            return e, grace
         except KeyboardInterrupt as e:   # a second Ctrl-C: Tune stops at once; what it left open is closed
-            stopped, grace = e, min(grace, 5.0)
-            break
-    ended = end_sweep(name=sweep.name, store=store, state=state, parent_id=parent_id, total=total, units=units,
-                      uri=uri, client=client, exp_id=exp_id, grace=grace, stopped=stopped)
-    return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-            "experiment_id": exp_id, **ended}
+            return e, min(grace, 5.0)
+    return None, grace
+
+
+def _plan_confirm(sweep, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id, experiment,
+                  grace):
+    """The confirm stage planned from the tuning trials' runs (once the store holds every write of
+    them, and every tuning trial has ended), kept in the trials and state files (so `--resume` runs
+    exactly it), and its Tune run; None while some tuning trial has not ended (Ctrl-C)."""
+    from fedsweep.sweep.callbacks import FINAL_STATUSES, SWEEPS
+    from fedsweep.sweep.confirm import plan_confirm
+    from fedsweep.sweep.ending import outcomes
+    if not SWEEPS[parent_id].writer.drain(grace):
+        raise ConfigError("confirm: the MLflow store has not taken every tuning trial's record, and the selected "
+                          "configs are read from them; --resume plans the confirm stage once it has")
+    counts = outcomes(client, exp_id, parent_id)
+    if sum(counts.get(s, 0) for s in FINAL_STATUSES) < len(payloads):
+        return None
+    planned = plan_confirm(sweep, payloads, uri, experiment)
+    first = len(units)
+    units = units + [[p["index"]] for p in planned]
+    saved = json.loads(store.read_text(TRIALS_FILE))
+    store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units,
+                                              "confirm_from": [len(payloads), first]}))
+    state["stage"] = "confirm"
+    store.write_text(STATE_FILE, json.dumps(state))
+    print(f"[sweep] confirm stage: {len(planned)} trials, each method's selected config per setting on seeds "
+          f"{', '.join(map(str, sweep.confirm.seeds))}", file=sys.stderr)
+    payloads = payloads + planned
+    return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
+                                                 exp_id, parent_id)
 
 
 LOST_RESULT_RETRIES = 3   # restores in one driver after results lost with dead nodes, then it stops
@@ -315,74 +368,6 @@ def _lost_with_its_node(error: RuntimeError) -> bool:
     """Ray Tune's "Caught unexpected exception" around a result object that died with its node."""
     from ray.exceptions import ObjectLostError
     return isinstance(error.__cause__, ObjectLostError)
-
-
-def _restored_tuner(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
-                    sweep_id: str | None):
-    """Tune's run of the sweep from its experiment state in the storage (``--resume``, or after a
-    result lost with its node): finished trials stay finished, the others continue from their checkpoints."""
-    from ray import tune
-    return tune.Tuner.restore(store.root, trainable=_trainable(sweep, payloads, units, store, sweep_id),
-                              resume_errored=True, storage_filesystem=store.fs)
-
-
-def _trainable(sweep: SweepConfig, payloads: list[dict], units: list[list[int]], store: Storage,
-               sweep_id: str | None):
-    """``run_unit`` with the trials' configs and the sweep's storage put once into Ray's object store
-    (every node reads them there) and each unit's resources."""
-    from ray import tune
-    return tune.with_resources(tune.with_parameters(run_unit, payloads=payloads, units=units, store=store,
-                                                    sweep_id=sweep_id),
-                               {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu})
-
-
-def asha_rungs(scheduler) -> list[float] | None:
-    """The rounds at which an ASHA scheduler decides on a trial (its rungs: grace period × η^k up to
-    max_t), where each trial must report (:class:`fedsweep.sweep.trainable.Rungs`); read from the scheduler
-    itself (Ray keeps them in its brackets' ``_rungs``), so they are Ray's own to the last bit. None
-    where a Ray version keeps them elsewhere: trials then report at every evaluation."""
-    try:
-        return sorted({float(milestone) for bracket in scheduler._brackets for milestone, _ in bracket._rungs})
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
-def _studies(sweep: SweepConfig, trials: list[Trial]):
-    """``searcher: optuna``'s Tune searcher over the sweep's slots (:mod:`fedsweep.sweep.searcher`), else None."""
-    if sweep.search is None or sweep.search.searcher != "optuna":
-        return None
-    from fedsweep.sweep.search import method_space
-    from fedsweep.sweep.searcher import Studies
-    methods = {t.study: t.method for t in trials}   # each study's method, its space read once
-    spaces = {study: method_space(sweep, method) for study, method in methods.items()}
-    return Studies([(t.index, t.study, t.sample) for t in trials], spaces, sweep.search.metric, sweep.search.mode,
-                   sweep.search.seed, sweep.search.startup())
-
-
-def _new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, sweep_id: str, uri, exp_id, parent_id):
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    scheduler = None
-    if sweep.scheduler is not None:
-        s = sweep.scheduler
-        scheduler = ASHAScheduler(time_attr="round", metric=s.metric, mode=s.mode, grace_period=s.grace_period,
-                                  reduction_factor=s.reduction_factor,
-                                  max_t=max(p["run"]["rounds"] for p in payloads))
-    studies = _studies(sweep, trials)   # with optuna, it hands Tune each trial's index and drawn values
-    param_space = {**({"trial": tune.grid_search(list(range(len(units))))} if studies is None else {}),
-                   "checkpoint_every": sweep.checkpoint_every, "report_every_s": REPORT_EVERY_S,
-                   "scheduler": scheduler is not None,   # it may stop a trial at any report
-                   "rungs": asha_rungs(scheduler) if scheduler is not None else None}
-    return tune.Tuner(
-        _trainable(sweep, payloads, units, store, sweep_id), param_space=param_space,
-        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=True, search_alg=studies,
-                                    num_samples=1 if studies is None else len(units),
-                                    max_concurrent_trials=sweep.max_concurrent),
-        run_config=tune.RunConfig(
-            name=sweep.name, **root.tune_args(), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
-                       make_progress_callback(payloads, units, store)]))
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],

@@ -1,0 +1,94 @@
+"""The confirm stage (``confirm: {seeds: [...]}`` in a sweep file; docs/sweeps.md, "Confirm stage").
+
+The best of several configs, picked on some seeds, looks better on those seeds than it is (the
+winner's curse: it was picked partly for its seeds' luck). So once every tuning trial has ended, the
+driver picks each method's config per setting as ``fedsweep report`` does (:mod:`fedsweep.report.trials`:
+on the validation split where the trials have one) and runs it again on fresh seeds, each a trial
+of its own (tagged ``fedsweep.stage=confirm``, continuing the sweep's trial numbers); the report
+scores and compares methods on those runs only. The confirm trials are planned here, from the
+tuning trials' records in MLflow, and kept in the sweep's trials file, so ``--resume`` runs exactly
+them.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fedsweep.config.names import short
+from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.sweep.spec import SweepConfig, Trial
+
+#: A Tune experiment of its own for the confirm trials, inside the sweep's folder of the storage.
+EXPERIMENT = "confirm"
+
+
+def confirm_size(sweep: SweepConfig, trials: list[Trial]) -> int:
+    """How many confirm trials the sweep will run: one per seed of ``confirm.seeds`` for each method
+    under each combination of the ``report.settings`` values it takes (a method without a setting key,
+    FedAvg without a temperature, is one config for every value of it). 0 without ``confirm:``."""
+    if sweep.confirm is None:
+        return 0
+    return len({selection_group(sweep, t) for t in trials}) * len(sweep.confirm.seeds)
+
+
+def selection_group(sweep: SweepConfig, trial: Trial) -> tuple:
+    """The (method, setting values) a trial's config is selected within: one config of each is confirmed."""
+    flat = trial.config.flat()
+    return trial.method, tuple((k, str(flat[k])) for k in sweep.report.settings if k in flat)
+
+
+def plan_confirm(sweep: SweepConfig, payloads: list[dict], uri: str, experiment: str) -> list[dict]:
+    """The confirm trials' payloads (as ``sweep/tune.py`` makes the tuning ones), numbered after
+    ``payloads``: each method's selected config per setting (read from the tuning trials' runs in
+    MLflow, by the report's own rule) on each of ``confirm.seeds``. Raises ConfigError if a method has
+    no scored tuning trial to select from."""
+    from fedsweep.report.trials import selected_configs
+    from fedsweep.sweep.checks import reference_method
+    chosen = selected_configs(uri, experiment, sweep.name, sweep.report.settings,
+                              reference_method(sweep, (p["method"] for p in payloads)), sweep.report.relative_target)
+    by_config = {p["config_id"]: p for p in payloads}
+    planned, seen = [], set()
+    for _, row in chosen.iterrows():
+        if row["config_id"] in seen:
+            continue
+        seen.add(row["config_id"])
+        template = by_config.get(row["config_id"]) or _drawn(payloads, row, uri)
+        for seed in sweep.confirm.seeds:
+            planned.append(_reseeded(template, seed, len(payloads) + len(planned)))
+    return planned
+
+
+def _drawn(payloads: list[dict], row, uri: str) -> dict:
+    """The payload of a config ``searcher: optuna`` drew (its slot's payload holds placeholders until
+    then): the slot's, with the config its first run trained, from the run's ``config.yaml``."""
+    import os
+    import tempfile
+
+    import yaml
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(row["run_ids"][0])
+    slot = payloads[int(run.data.tags["fedsweep.trial"])]
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
+        trained = yaml.safe_load(open(client.download_artifacts(run.info.run_id, "config.yaml", tmp)).read())
+    return {**slot, "run": {**slot["run"], **{k: trained[k] for k in trained if k != "mlflow"}},
+            "config_id": row["config_id"], "name": run.info.run_name}
+
+
+def _reseeded(template: dict, seed: int, index: int) -> dict[str, Any]:
+    run = copy.deepcopy(template["run"])
+    run["seed"] = seed
+    try:
+        RunConfig(**run)
+    except Exception as e:  # noqa: BLE001 - a seed the config cannot take (a synthetic split, say)
+        raise ConfigError(f"confirm.seeds: {seed} cannot run {template['label']}: {e}") from None
+    method_and_keys = template["label"].rsplit(" seed=", 1)[0]
+    name = " ".join(part for part in template["name"].split(" ") if not _is_seed(part))
+    return {**{k: v for k, v in template.items() if k not in ("drawn", "varying", "overrides", "draw")},
+            "run": run, "seed": seed, "index": index, "stage": "confirm",
+            "label": f"{method_and_keys} seed={seed} (confirm)", "name": f"{name} {short('seed', seed)} confirm"}
+
+
+def _is_seed(part: str) -> bool:
+    return part.startswith("s") and part[1:].isdigit()

@@ -1,0 +1,131 @@
+"""The confirm stage (`confirm: {seeds: [...]}`): each method's selected config per setting is run again
+on fresh seeds once the tuning trials have ended; the report scores methods on those runs only;
+`--dry-run` counts them and `--resume` continues across the stage. A real Ray Tune run and MLflow store."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsweep.cli import main
+from fedsweep.config.schema import ConfigError
+from fedsweep.sweep.spec import expand, load_sweep
+
+pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
+
+SWEEP = {
+    "base": {"rounds": 20, "clients_per_round": 4, "device": "cpu",
+             "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
+             "model": {"name": "mlp", "hidden": 16}, "eval": {"every": 5, "target_accuracy": 0.5}},
+    "grid": {"local.lr": [0.02, 0.2], "heterogeneity.rho": [0.0, 0.5]},
+    "methods": {"fedavg": {}, "fedprox": {"algorithm.mu": [0.01]}},
+    "seeds": [0, 1],
+    "confirm": {"seeds": [10, 11]},
+    "report": {"settings": ["heterogeneity.rho"]},
+}
+
+
+def write(tmp_path, name="conf", **over):
+    base = {**SWEEP["base"], "heterogeneity": {"kind": "stragglers"}, "local": {"steps": 3}}
+    spec = {**SWEEP, "base": base, "name": name, **over}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def runs(uri, name):
+    from fedsweep.runs.tracking import open_store
+    client = open_store(uri)
+    exp = client.get_experiment_by_name(name)
+    return client, client.search_runs([exp.experiment_id], filter_string="tags.`fedsweep.role` = 'trial'")
+
+
+def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, capsys):
+    path = write(tmp_path, confirm={"seeds": [1, 10]})
+    with pytest.raises(ConfigError, match=r"confirm.seeds: 1 also tune the configs \(seeds:\); a confirm run must "
+                                          r"not share the seed its config was picked on"):
+        load_sweep(path)
+    with pytest.raises(ConfigError, match="confirm.seeds: a seed is given twice"):
+        load_sweep(write(tmp_path, confirm={"seeds": [10, 10]}))
+    assert main(["tune", write(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    # 2 methods x 2 values of the setting rho; each best config on seeds 10 and 11
+    assert "then a confirm stage: 8 trials, the selected config of each of 4 methods and settings on each of " \
+           "seeds 10, 11" in out
+
+
+def test_the_selected_configs_are_confirmed_on_fresh_seeds_and_scored_on_them(tmp_path, monkeypatch, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path)
+    assert main(["tune", path]) == 0
+    err = capsys.readouterr().err
+    assert "conf: 16 trials, then 8 confirm trials" in err and "[sweep] confirm stage: 8 trials" in err
+    client, children = runs(uri, "conf")
+    tuning = [r for r in children if r.data.tags.get("fedsweep.stage", "tune") == "tune"]
+    confirm = [r for r in children if r.data.tags.get("fedsweep.stage") == "confirm"]
+    assert len(tuning) == 16 and len(confirm) == 8
+    assert sorted({r.data.params["seed"] for r in confirm}) == ["10", "11"]
+    assert sorted(int(r.data.tags["fedsweep.trial"]) for r in confirm) == list(range(16, 24))
+    assert all(r.data.tags["fedsweep.status"] == "finished" and r.info.run_name.endswith(" confirm") for r in confirm)
+
+    from fedsweep.report.trials import selected_configs
+    chosen = selected_configs(uri, "conf", "conf", ["heterogeneity.rho"], "fedavg")
+    assert len(chosen) == 4                                   # each method under each rho
+    picked = set(chosen["config_id"])
+    assert {r.data.tags["fedsweep.config_id"] for r in confirm} == picked   # exactly the selected configs
+    for cid in picked:
+        assert sorted(r.data.params["seed"] for r in confirm if r.data.tags["fedsweep.config_id"] == cid) == ["10", "11"]
+
+    assert main(["report", path]) == 0
+    text = (tmp_path / "reports" / "conf" / "report.md").read_text()
+    assert "every number of a best config comes from its confirm runs (fresh seeds)" in text
+    table = text.split("## Best config per method")[1].split("\n\n")[1]
+    assert all(line.split(" | ")[3] == "2" for line in table.splitlines()[2:])   # 2 seeds each: the confirm ones
+
+
+@pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm"])
+def test_resume_continues_across_the_stages(tmp_path, stage):
+    """Ctrl-C in the tuning stage: `--resume` finishes it, then plans and runs the confirm stage;
+    Ctrl-C in the confirm stage: `--resume` continues that stage. Every round of every run once."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = write(tmp_path, base={**SWEEP["base"], "rounds": 400, "eval": {"every": 50, "target_accuracy": 0.5}},
+                 grid={"local.lr": [0.05, 0.1]}, methods={"fedavg": {}}, report={"settings": []},
+                 max_concurrent=1)
+    with open(tmp_path / "driver.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", path], cwd=tmp_path, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    try:
+        def reached():
+            text = (tmp_path / "driver.log").read_text()
+            return "[sweep] confirm stage" in text if stage == "confirm" else "[finished]" in text
+        end = time.time() + 240
+        while not reached() and time.time() < end and proc.poll() is None:
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = (tmp_path / "driver.log").read_text()
+    assert proc.returncode == 1 and "--resume" in text, text[-3000:]
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        assert main(["tune", path, "--resume"]) == 0
+    finally:
+        os.chdir(cwd)
+        del os.environ["MLFLOW_TRACKING_URI"]
+    client, children = runs(uri, "conf")
+    confirm = [r for r in children if r.data.tags.get("fedsweep.stage") == "confirm"]
+    assert len(children) == 6 and len(confirm) == 2
+    assert all(r.data.tags["fedsweep.status"] == "finished" for r in children)
+    for r in children:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == list(range(1, 401))
