@@ -249,6 +249,7 @@ def _report(args) -> int:
                             setting_keys=sweep.report.settings,
                             reference=reference_method(sweep, (t.method for t in trials)),
                             relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep),
+                            resolution=max(t.config.eval.every for t in trials),   # rounds are seen this often
                             random_first=sweep.search.startup() if sweep.search and sweep.search.searcher == "optuna"
                             else None)
     except OSError as e:

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.report import (best_configs, config_table, load_trials, rounds_to_target_png, selection_rule,
-                             write_report)
+from fedsweep.report import (best_configs, config_table, load_trials, rounds_to_target_png, seed_values,
+                             selection_rule, write_report)
+from fedsweep.report.stats import COLUMNS, add_intervals
 
 SWEEP, EXPERIMENT, TARGET, ROUNDS = "fakesweep", "fake-exp", 0.8, 60
 
@@ -167,10 +168,11 @@ def test_write_report(store_target, tmp_path):
     assert "trials: 16 (diverged 1, finished 15); 2 superseded duplicate run(s) ignored" in text
     assert "fewest mean rounds to the target accuracy 0.8" in text
     # best-config rows: rho, method, config, seeds, best acc, final acc, rounds to target, reached, ...
-    assert "| 0.1 | fedavg | local.lr=0.1 | 2 | 0.8700 ± 0.0141 |" in text
-    assert "| 0.5 | fedavg | local.lr=0.05 | 2 | 0.8600 ± 0.0141 |" in text
-    assert "| 0.5 | fedlga | local.lr=0.05 | 2 | 0.7550 ± 0.0778 |" in text
-    assert "| 50.0 | 1/2 |" in text                                     # rounds to target of that row
+    # means with their 95% t-interval over 2 seeds: mean ± t(0.975, 1) · sd / √2 = ± 12.706 · sd / √2
+    assert "| 0.1 | fedavg | local.lr=0.1 | 2 | 0.8700 [0.7429, 0.9971] |" in text
+    assert "| 0.5 | fedavg | local.lr=0.05 | 2 | 0.8600 [0.7329, 0.9871] |" in text
+    assert "| 0.5 | fedlga | local.lr=0.05 | 2 | 0.7550 [0.0562, 1.4538] |" in text
+    assert "| 50.0 [1 seed: no CI] | 1/2 |" in text                     # rounds to target of that row: one seed
     # full table: every config, with its rank and statuses
     assert "| fedavg | 0.5 | 2 | local.lr=0.1 | 0.4750 ± 0.6718 | 10.0 | 1/2 | 2 | diverged 1, finished 1 |" in text
     assert text.count("`fedlga-") == 4 and text.count("`fedavg-") == 4
@@ -187,7 +189,7 @@ def test_rounds_to_target_png_marks_never_reached(store_target, tmp_path):
 def test_write_report_without_target(store_plain, tmp_path):
     text = write_report(store_plain, EXPERIMENT, SWEEP, tmp_path).read_text()
     assert "best mean over seeds of the best test accuracy" in text
-    assert "| 0.5 | fedlga | local.lr=0.1 | 2 | 0.7900 ± 0.0000 |" in text
+    assert "| 0.5 | fedlga | local.lr=0.1 | 2 | 0.7900 [0.7900, 0.7900] |" in text      # equal seeds: a point
     assert (tmp_path / "rounds_to_target.png").stat().st_size > 10_000
 
 
@@ -252,10 +254,14 @@ def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
     section = text.split("## Rounds to target per setting")[1].split("##")[0]
     assert "speed-up over fedavg" in section
     assert "| setting | fedavg | fedlga |" in section                        # reference column first
-    assert "| heterogeneity.rho=0.1 | 21.0 (1.00×) | 26.0 (0.81×) |" in section   # 21/26
-    assert "| heterogeneity.rho=0.5 | 42.0 (1.00×) | 50.0 (0.84×) [1/2] |" in section   # 42/50; one seed of two
+    assert "| heterogeneity.rho=0.1 | 21.0 [8.3, 33.7] (1.00×) | 26.0 [13.3, 38.7] (0.81×) |" in section   # 21/26
+    # 42/50; one seed of two reached the target
+    assert ("| heterogeneity.rho=0.5 | 42.0 [16.6, 67.4] (1.00×) | 50.0 [1 seed: no CI] (0.84×), 1/2 reached |"
+            in section)
     plain = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "noref").read_text()
-    assert "| heterogeneity.rho=0.5 | 42.0 | 50.0 [1/2] |" in plain and "×" not in plain
+    assert "| heterogeneity.rho=0.5 | 42.0 [16.6, 67.4] | 50.0 [1 seed: no CI], 1/2 reached |" in plain
+    assert "×" not in plain and "No reference method, so no verdicts" in plain
+    assert (tmp_path / "noref" / "comparisons.csv").read_text().strip() == ",".join(COLUMNS)   # the header only
 
 
 def test_settings_curves_only_when_a_setting_varies(store_target, tmp_path):
@@ -265,16 +271,20 @@ def test_settings_curves_only_when_a_setting_varies(store_target, tmp_path):
     assert (tmp_path / "a" / "settings_curves.png").stat().st_size > 10_000
     text = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "b", setting_keys=()).read_text()
     assert not (tmp_path / "b" / "settings_curves.png").exists() and "settings_curves" not in text
-    assert "| all | 21.0 | 26.0 |" in text.split("## Rounds to target per setting")[1]    # rho tuned now
+    rounds = text.split("## Rounds to target per setting")[1]
+    assert "| all | 21.0 [8.3, 33.7] | 26.0 [13.3, 38.7] |" in rounds     # rho tuned now
 
 
 def test_never_reached_cell(store_target, tmp_path):
     from fedsweep.report.tables import _rounds_table
-    best = best_configs(config_table(load_trials(store_target, EXPERIMENT, SWEEP)))
+    trials = load_trials(store_target, EXPERIMENT, SWEEP)
+    best = best_configs(config_table(trials))
+    best = add_intervals(best, seed_values(best, trials, ["rounds_to_target"]), {"rtt": "rounds_to_target"})
     best.loc[best["method"] == "fedavg", "reached"] = 0
     table = _rounds_table(best, "fedavg")
-    assert "| heterogeneity.rho=0.1 | not reached (0/2) | 26.0 |" in table   # no speed-up over a reference
-    assert "| heterogeneity.rho=0.5 | not reached (0/2) | 50.0 [1/2] |" in table   # that never got there
+    # no speed-up over a reference that never got there
+    assert "| heterogeneity.rho=0.1 | not reached (0/2) | 26.0 [13.3, 38.7] |" in table
+    assert "| heterogeneity.rho=0.5 | not reached (0/2) | 50.0 [1 seed: no CI], 1/2 reached |" in table
 
 
 # ----- relative targets, methods without a setting key, per-client weights ----------------------
@@ -324,8 +334,8 @@ def test_relative_target_broadcast_reference_and_weight_figures(store_soft, tmp_
                         reference="fedavg", relative_target=0.9).read_text()
     assert "0.9 × the final accuracy of fedavg's best config" in text and "all: 0.7650" in text
     section = text.split("## Rounds to target per setting")[1].split("##")[0]
-    assert "| algorithm.temperature=0.1 | 5.0 (1.00×) | 3.0 (1.67×) |" in section     # fedavg in both rows
-    assert "| algorithm.temperature=1 | 5.0 (1.00×) | 4.0 (1.25×) [1/2] |" in section
+    assert "| algorithm.temperature=0.1 | 5.0 [-7.7, 17.7] (1.00×) | 3.0 [-9.7, 15.7] (1.67×) |" in section  # fedavg
+    assert "| algorithm.temperature=1 | 5.0 [-7.7, 17.7] (1.00×) | 4.0 [1 seed: no CI] (1.25×), 1/2 reached |" in section
     for name in ("settings_curves.png", "weights_fedsoftmax.png", "accuracy_curves.png", "rounds_to_target.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     assert "](weights_fedsoftmax.png)" in text and "weights_fedavg" not in text
@@ -363,3 +373,79 @@ def test_a_setting_of_numbers_and_words_is_reported(tmp_path):
     path = write_report(uri, "mixed", "mixed", tmp_path / "rep", setting_keys=["algorithm.damping"])
     text = path.read_text()
     assert all(f"| {d} | fedlga |" in text for d in ("0", "1", "step")) and (path.parent / "settings_curves.png").is_file()
+
+
+# ----- 95% intervals and verdicts against the reference, over ten seeds --------------------------
+
+SEEDS = range(10)
+
+
+def _seeded(method: str, rho: float, seed: int) -> tuple[float, int | None]:
+    """(best accuracy, rounds to target) of each arm: at rho 0.1 fedlga clearly better than fedavg and
+    fedcm the same as fedavg (FedCM with α = 1 makes FedAvg's updates); at rho 0.5 fedlga reaches the
+    target once in ten seeds, and fedcm is 1 round faster on every seed, evaluated every 2 rounds."""
+    acc, rtt = (0.85 + 0.01 * (seed % 3), 30 + 2 * (seed % 4)) if rho == 0.1 else \
+        (0.83 + 0.01 * (seed % 3), 40 + 2 * (seed % 3))
+    if method == "fedlga" and rho == 0.1:
+        return acc + 0.05 + 0.005 * (seed % 2), rtt - 10 - 2 * (seed % 2)
+    if method == "fedlga":
+        return 0.78 + 0.01 * (seed % 2), 56 if seed == 0 else None
+    if method == "fedcm" and rho == 0.5:
+        return acc + 0.002 * (-1) ** seed * (seed % 3), rtt - 1
+    return acc, rtt
+
+
+@pytest.fixture(scope="module")
+def store_seeds(tmp_path_factory):
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("seeds")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment(EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
+    parent = client.create_run(exp_id, run_name=SWEEP, tags={"fedsweep.role": "sweep", "fedsweep.sweep": SWEEP})
+    for method in ("fedavg", "fedcm", "fedlga"):
+        for rho in (0.1, 0.5):
+            for seed in SEEDS:
+                best, rtt = _seeded(method, rho, seed)
+                _log_trial(client, exp_id, parent.info.run_id, method, rho, 0.1, seed, best, rtt, "finished", True)
+    return uri
+
+
+def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_path):
+    import pandas as pd
+    from scipy import stats
+
+    text = write_report(store_seeds, EXPERIMENT, SWEEP, tmp_path, reference="fedavg", resolution=2).read_text()
+    table = pd.read_csv(tmp_path / "comparisons.csv", keep_default_na=False, na_values=[""])
+    assert list(table.columns) == COLUMNS == ["setting", "metric", "method", "reference", "n_seeds", "difference",
+                                              "ci_low", "ci_high", "p_adjusted", "verdict", "mde", "test",
+                                              "censored_method", "censored_reference", "note"]
+    assert len(table) == 8 and (table["reference"] == "fedavg").all() and (table["n_seeds"] == 10).all()
+    rows = {(r.setting, r.metric, r.method): r for r in table.itertuples()}
+    faster = rows[("heterogeneity.rho=0.1", "rounds_to_target", "fedlga")]
+    assert faster.verdict == "better" and faster.difference == pytest.approx(-11) and faster.test == "paired t"
+    assert rows[("heterogeneity.rho=0.1", "best/test_accuracy", "fedlga")].verdict == "better"
+    for metric in ("rounds_to_target", "best/test_accuracy"):                 # the A/A pair
+        same = rows[("heterogeneity.rho=0.1", metric, "fedcm")]
+        assert same.verdict == "no difference" and same.ci_low <= 0 <= same.ci_high and same.difference == 0
+    # nine of ten fedlga runs never reached the target: ranked, never averaged; the medians' difference
+    # is 61 (R + 1) - 42 (fedavg's median), a bound
+    never = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedlga")]
+    assert never.verdict == "worse" and never.test == "Wilcoxon signed-rank"
+    assert (never.censored_method, never.censored_reference) == (9, 0) and never.difference == pytest.approx(19)
+    assert "a median is censored" in never.note
+    step = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedcm")]       # 1 round faster, seen every 2
+    assert step.verdict == "no difference" and "below resolution (±2)" in step.note
+    noise = rows[("heterogeneity.rho=0.5", "best/test_accuracy", "fedcm")]
+    assert noise.verdict == "no difference" and noise.mde > 0 and noise.test == "paired t"
+
+    section = text.split("## Comparisons with fedavg")[1].split("\n## ")[0]
+    assert "paired by seed" in section and "Holm-adjusted over the 8 tested comparisons" in section
+    assert "| heterogeneity.rho=0.1 | rounds_to_target | fedlga | 10 | -11.0 [" in section
+    assert f"| {never.p_adjusted:.3g} | worse | Wilcoxon signed-rank | 9 / 0 | a median is censored" in section
+    # the best-config table: every mean with its 95% t-interval over the ten seeds
+    acc = [_seeded("fedlga", 0.1, s)[0] for s in SEEDS]
+    low, high = stats.t.interval(0.95, 9, loc=np.mean(acc), scale=stats.sem(acc))
+    assert f"| 0.1 | fedlga | — | 10 | {np.mean(acc):.4f} [{low:.4f}, {high:.4f}] |" in text
+    assert "| 0.5 | fedlga | — | 10 | 0.7850 [" in text and "| 56.0 [1 seed: no CI] | 1/10 |" in text

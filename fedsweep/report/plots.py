@@ -1,5 +1,6 @@
 """The report's figures: accuracy curves of each method's best config, rounds to target, each method
-across settings, and loss-aware aggregation weights. Bands are ± one standard deviation over seeds."""
+across settings, and loss-aware aggregation weights. Bands and error bars are the 95% CI of the mean
+over seeds (:mod:`fedsweep.report.stats`)."""
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config.names import short
+from fedsweep.report.stats import mean_ci_rows
 from fedsweep.report.trials import _fmt_value, _groups, _present, _Runs
 
 def _tick_labels(best: pd.DataFrame, groups) -> list[str]:
@@ -27,24 +29,23 @@ def _colors(methods) -> dict:
     return {m: cycle[i % len(cycle)] for i, m in enumerate(sorted(methods))}
 
 
-BAND_NOTE = "mean over seeds; bands: ± one standard deviation, clipped to [0, 1]"
+BAND_NOTE = "mean over seeds; bands: 95% CI of the mean over seeds (t), clipped to [0, 1]"
 
 
 def _mean_curve(runs: _Runs, run_ids):
-    """(mean, std) over runs of test accuracy by round, or None if no run logged it."""
+    """(mean, CI low, CI high) over runs of test accuracy by round, or None if no run logged it."""
     curves = {rid: runs.accuracy(rid) for rid in run_ids}
     if not curves or all(c.empty for c in curves.values()):
         return None
-    frame = pd.DataFrame(curves).sort_index()
-    return frame.mean(axis=1), frame.std(axis=1).fillna(0.0)
+    return mean_ci_rows(pd.DataFrame(curves).sort_index())
 
 
 def _band(ax, curve, color, label: str, alpha: float) -> None:
-    """A mean curve with its ± one-std band over seeds, clipped to accuracy's [0, 1]."""
-    mean, std = curve
+    """A mean curve with the 95% CI of its mean over seeds as a band (none for one seed), clipped to
+    accuracy's [0, 1]: a t-interval over few seeds can reach past it."""
+    mean, low, high = curve
     ax.plot(mean.index, mean.values, color=color, label=label)
-    ax.fill_between(mean.index, np.clip(mean - std, 0.0, 1.0), np.clip(mean + std, 0.0, 1.0),
-                    color=color, alpha=alpha, lw=0)
+    ax.fill_between(mean.index, np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0), color=color, alpha=alpha, lw=0)
 
 
 def _config_label(method: str, config: str) -> str:
@@ -82,7 +83,7 @@ def _save_panels(fig, axes, used: int, path: Path, title: str) -> Path:
 
 
 def accuracy_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, title: str = "") -> Path:
-    """Test accuracy vs round of each method's best config: mean over seeds, ± std band; the target
+    """Test accuracy vs round of each method's best config: mean over seeds, 95% CI band; the target
     (``best["target"]``, if any) dashed."""
     groups = _groups(best)
     colors = _colors(best["method"].unique())
@@ -152,9 +153,20 @@ def settings_curves_png(best: pd.DataFrame, runs: _Runs, path: Path, reference: 
     return _save_panels(fig, axes, len(panels), path, "\n".join(t for t in (title, BAND_NOTE) if t))
 
 
+def _error_bar(row, name: str, upper: float = math.inf):
+    """Matplotlib's ``yerr`` of a bar from the row's ``<name>_ci`` interval (:func:`stats.add_intervals`),
+    clipped to [0, ``upper``] (neither rounds nor accuracy go below 0, accuracy not above 1); None
+    for one seed or a row without intervals."""
+    interval = row.get(f"{name}_ci")
+    if interval is None or not _present(interval.low):
+        return None
+    return np.array([[interval.mean - max(interval.low, 0.0)], [min(interval.high, upper) - interval.mean]])
+
+
 def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | None = None,
                          target: float | None = None, title: str = "", relative: bool = False) -> Path:
-    """Bars per method grouped by setting: mean rounds to target (± std), or best accuracy without a target.
+    """Bars per method grouped by setting: mean rounds to target over the seeds that reached it, or best
+    accuracy without a target; error bars: the 95% CI of the mean over seeds (``acc_ci``/``rtt_ci``).
 
     A method none of whose seeds reached the target gets a hatched bar at ``max_rounds``
     labelled "not reached"; a partial one is labelled "k/n"."""
@@ -175,13 +187,13 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
             r = hit.iloc[0]
             x = gi + (mi - (len(methods) - 1) / 2) * width
             if target is None and not relative:
-                y, err, note = r["acc_mean"], r["acc_std"], None
+                y, yerr, note = r["acc_mean"], _error_bar(r, "acc", upper=1.0), None
             elif r["reached"] == 0:
-                y, err, note = max_rounds, None, "not reached"
+                y, yerr, note = max_rounds, None, "not reached"
             else:
-                y, err = r["rtt_mean"], r["rtt_std"]
+                y, yerr = r["rtt_mean"], _error_bar(r, "rtt")
                 note = None if r["reached"] == r["n"] else f"{r['reached']}/{r['n']} reached"
-            yerr = err if _present(err) else None
+            above = 0.0 if yerr is None else float(yerr[1, 0])
             if note == "not reached":
                 ax.bar(x, y, width, facecolor="none", edgecolor=colors[m], hatch="//", lw=1.2)
                 ax.text(x, y / 2, note, rotation=90, ha="center", va="center", fontsize=8,
@@ -190,18 +202,18 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
             else:
                 ax.bar(x, y, width, color=colors[m], yerr=yerr, capsize=3)
                 if note:
-                    ax.text(x, y + (yerr or 0), note, ha="center", va="bottom", fontsize=8)
-            top = max(top, y + (yerr or 0))
+                    ax.text(x, y + above, note, ha="center", va="bottom", fontsize=8)
+            top = max(top, y + above)
     ax.set_xticks(range(len(groups)), _tick_labels(best, groups), fontsize=8)
     if relative:
         ax.set(ylabel="rounds to the relative target", ylim=(0, top * 1.12 or 1),
-               title=title or "rounds to target per method (mean ± std)")
+               title=title or "rounds to target per method (mean, 95% CI)")
     elif target is None:
-        ax.set(ylabel="best test accuracy (mean ± std)", ylim=(0, min(1.05, top * 1.12) or 1),
-               title=title or "best test accuracy per method (no target set)")
+        ax.set(ylabel="best test accuracy (mean, 95% CI)", ylim=(0, min(1.05, top * 1.12) or 1),
+               title=title or "best test accuracy per method (no target set; CI clipped to [0, 1])")
     else:
         ax.set(ylabel=f"rounds to target accuracy {target:g}", ylim=(0, top * 1.12 or 1),
-               title=title or "rounds to target per method (mean ± std)")
+               title=title or "rounds to target per method (mean, 95% CI)")
     from matplotlib.patches import Patch
     handles = [Patch(color=colors[m], label=m) for m in methods]
     if hatched:

@@ -1,5 +1,8 @@
-"""The report's markdown tables: best config per method, rounds to target per setting, all configs."""
+"""The report's markdown tables: best config per method, rounds to target per setting, comparisons with
+the reference method, all configs."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -10,6 +13,15 @@ def _pm(mean, std, digits: int) -> str:
     if not _present(mean):
         return "—"
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if _present(std) else "")
+
+
+def _ci(interval, digits: int) -> str:
+    """``0.9120 [0.9010, 0.9230]``: a mean over seeds and its 95% interval (:func:`stats.mean_ci`)."""
+    if interval is None or not _present(interval.mean):
+        return "—"
+    if not _present(interval.low):
+        return f"{interval.mean:.{digits}f} [1 seed: no CI]"
+    return f"{interval.mean:.{digits}f} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
 def _num(v, digits: int = 1) -> str:
@@ -27,18 +39,18 @@ def _best_table(best: pd.DataFrame) -> str:
     header = [*settings, "method", "config", "seeds", "best acc", "final acc", "rounds to target",
               "reached", "s to target", "models up to target", "s / round", "stability", "diverged"]
     rows = [[*(_fmt_value(r[k]) for k in settings), r["method"], r["config"] or "—", str(r["n"]),
-             _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["final_mean"], r["final_std"], 4),
-             _pm(r["rtt_mean"], r["rtt_std"], 1), f"{r['reached']}/{r['n']}",
+             _ci(r["acc_ci"], 4), _ci(r["final_ci"], 4), _ci(r["rtt_ci"], 1), f"{r['reached']}/{r['n']}",
              _num(r["sec_to_target"], 2), _num(r["comm_to_target"], 0), _num(r["sec_per_round"], 3),
              _num(r.get("stability"), 2), str(r["diverged"])] for _, r in best.iterrows()]
     return _markdown(header, rows)
 
 
 def _rounds_table(best: pd.DataFrame, reference: str | None) -> str:
-    """Settings × methods: mean rounds to target and the speed-up over ``reference`` (FedCLG Table I).
+    """Settings × methods: mean rounds to target with its 95% CI and the speed-up over ``reference``
+    (FedCLG Table I).
 
     Speed-up = reference's mean rounds / the method's, under the same setting, where both reached the
-    target; "[k/n]" says only k of n seeds reached it (their mean is shown)."""
+    target; "k/n reached" says only k of n seeds reached it (their mean and CI are shown)."""
     methods = sorted(best["method"].unique(), key=lambda m: (m != reference, m))
     rows = []
     for label, g in _groups(best):
@@ -54,16 +66,36 @@ def _rounds_table(best: pd.DataFrame, reference: str | None) -> str:
             if r["reached"] == 0:
                 cells.append(f"not reached (0/{r['n']})")
                 continue
-            cell = f"{r['rtt_mean']:.1f}" + (f" ({ref_rtt / r['rtt_mean']:.2f}×)" if ref_rtt else "")
-            cells.append(cell + (f" [{r['reached']}/{r['n']}]" if r["reached"] < r["n"] else ""))
+            cell = _ci(r["rtt_ci"], 1) + (f" ({ref_rtt / r['rtt_mean']:.2f}×)" if ref_rtt else "")
+            cells.append(cell + (f", {r['reached']}/{r['n']} reached" if r["reached"] < r["n"] else ""))
         rows.append([label or "all", *cells])
     return _markdown(["setting", *methods], rows)
 
 
+def _signed(v, digits: int) -> str:
+    return f"{v:+.{digits}f}" if _present(v) else "—"
+
+
+def _comparisons_table(table: pd.DataFrame) -> str:
+    """The verdict table of comparisons.csv: difference [95% CI], Holm-adjusted p, verdict, how it was tested."""
+    rows = []
+    for _, r in table.iterrows():
+        digits = 1 if r["metric"] == "rounds_to_target" else 4
+        ci = f" [{_signed(r['ci_low'], digits)}, {_signed(r['ci_high'], digits)}]" if _present(r["ci_low"]) else ""
+        notes = [n for n in (r["note"], f"mde {r['mde']:.{digits}f}" if _present(r["mde"]) else "") if n]
+        censored = (f"{r['censored_method']} / {r['censored_reference']}" if r["metric"] == "rounds_to_target"
+                    else "")
+        rows.append([r["setting"], r["metric"], r["method"], str(r["n_seeds"]), _signed(r["difference"], digits) + ci,
+                     "—" if math.isnan(r["p_adjusted"]) else f"{r['p_adjusted']:.3g}", r["verdict"], r["test"],
+                     censored, "; ".join(notes)])
+    return _markdown(["setting", "metric", "method", "paired seeds", "difference [95% CI]", "p (Holm)", "verdict",
+                      "test", "censored (method / ref.)", "note"], rows)
+
+
 def _all_table(configs: pd.DataFrame) -> str:
     settings = configs.attrs["settings"]
-    header = ["method", *settings, "rank", "config", "best acc", "rounds to target", "reached", "seeds",
-              "statuses", "config_id"]
+    header = ["method", *settings, "rank", "config", "best acc (± std)", "rounds to target (± std)", "reached",
+              "seeds", "statuses", "config_id"]
     rows = [[r["method"], *(_fmt_value(r[k]) for k in settings), str(r["rank"]), r["config"] or "—",
              _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["rtt_mean"], r["rtt_std"], 1),
              f"{r['reached']}/{r['n']}", str(r["n"]), r["statuses"], f"`{r['config_id']}`"]

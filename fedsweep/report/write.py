@@ -12,19 +12,64 @@ import pandas as pd
 from fedsweep.config.schema import ConfigError
 from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
                                    weights_figures)
-from fedsweep.report.tables import _all_table, _best_table, _markdown, _rounds_table
+from fedsweep.report.stats import Metric, add_intervals, comparison_table, seed_values
+from fedsweep.report.tables import _all_table, _best_table, _comparisons_table, _markdown, _rounds_table
 from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs,
                                     best_configs, config_table, load_trials, relative_targets)
+
+# the accuracy a run is scored by: at its best validation evaluation where runs hold out a validation split
+SCORE_COLUMNS = ("test_accuracy_at_best_val", "best/test_accuracy")
+
+
+def compared_metrics(trials, rule: str, resolution: float, max_rounds: float | None) -> dict[str, Metric]:
+    """What comparisons.csv compares: rounds to target when a target is set (censored where a run never
+    reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by."""
+    score = next((c for c in SCORE_COLUMNS if c in trials), SCORE_COLUMNS[-1])
+    metrics = {}
+    if rule == "target":
+        metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
+                                             censored=True, horizon=max_rounds)
+    metrics[score] = Metric(score, higher_is_better=True)
+    return metrics
+
+
+def _comparison_lines(comparisons, reference: str | None, resolution: float) -> list[str]:
+    """The report's "Comparisons with <reference>" section: the verdict table and how to read it."""
+    if reference is None:
+        return ["## Comparisons", "", "No reference method, so no verdicts: set `report.reference` (default "
+                "`fedavg` where the sweep has it).", ""]
+    tested = int(comparisons["p_adjusted"].notna().sum())
+    how = (
+        f"Each method's selected config against {reference}'s under the same setting, on the seeds both ran "
+        f"(paired by seed); `difference` is the method's minus {reference}'s. Accuracy, and rounds to target "
+        "where every paired run reached the target: the mean paired difference, its 95% t-interval and p of "
+        "the paired t-test. Rounds to target where a paired run never reached it (censored: it counts as "
+        "later than every run that did, and is never averaged): the difference of the medians with a paired "
+        "bootstrap 95% CI and p of the Wilcoxon signed-rank test; `censored` counts such runs of the method "
+        f"and of {reference}. Where every paired difference is the same (identical arms; rounds, counted in "
+        "steps) the t-test has no variance to use: p is the signed-rank test's. p is Holm-adjusted over the "
+        f"{tested} tested comparisons of this report. `better`/`worse`: adjusted p < 0.05, in the metric's "
+        "direction (higher accuracy, fewer rounds); otherwise `no difference`, and also where the CI lies "
+        f"within ±{resolution:g} rounds (`below resolution`: rounds to target are only seen every "
+        "`eval.every` rounds). For `no difference`, `mde` (paired t) is the smallest difference these seeds "
+        "could have detected (two-sided α = 0.05, power 0.8): a smaller one may still be there. `not tested`: "
+        "fewer than two paired seeds. `comparisons.csv` holds every column.")
+    return [f"## Comparisons with {reference}", "", how, "",
+            _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", ""]
+
 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                  relative_target: float | None = None, sampled_keys: Sequence[str] = (),
-                 random_first: int | None = None) -> Path:
-    """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``, when a
+                 random_first: int | None = None, resolution: float | None = None) -> Path:
+    """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
+    ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.report.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
     ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
 
-    ``reference``: the method speed-ups are relative to. ``relative_target``: count rounds to this
+    ``reference``: the method speed-ups and comparisons are relative to. ``resolution``: rounds between
+    evaluations (``eval.every``; default 1), below which a difference in rounds to target is not called.
+    ``relative_target``: count rounds to this
     fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target.
     ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``)."""
     from mlflow import MlflowClient
@@ -60,6 +105,16 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
         best["target"] = target if target is not None else np.nan
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
+    reference = reference if reference in set(best["method"]) else None
+    resolution = resolution or 1.0
+    metrics = compared_metrics(trials, rule, resolution, max_rounds)
+    shown = ["best/test_accuracy", "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
+    # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
+    # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
+    values = seed_values(best, trials, list(dict.fromkeys([*(m.column for m in metrics.values()), *shown])))
+    best = add_intervals(best, values, {"acc": "best/test_accuracy", "final": "summary/final_test_accuracy",
+                                        "rtt": "rounds_to_target"})
+    comparisons = comparison_table(values, reference, metrics)
 
     accuracy_curves_png(best, runs, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
     rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target if rule == "target" else None,
@@ -75,6 +130,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     if draws:
         search_draws_png(configs, random_first, out / "search_draws.png", title=f"{sweep}: optuna's draws in order")
     trials.to_csv(out / "trials.csv", index=False)
+    comparisons.to_csv(out / "comparisons.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
     dupes = trials.attrs["runs_read"] - len(trials)
@@ -100,8 +156,9 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         f"{', '.join(f'`{k}`' for k in settings) or 'none'}",
         f"- tuned params: {', '.join(f'`{k}`' for k in tuned) or 'none'}",
         "- scored: finished, diverged and stopped trials; a diverged trial counts as accuracy 0 and never "
-        "reaching the target; mean ± std over seeds (sample std); rounds/seconds/models to target are means "
-        "over the seeds that reached it; stability: mean lag-one autocorrelation of the normalized accuracy "
+        "reaching the target; best and final accuracy and rounds to target: mean over seeds [its 95% "
+        "t-interval], none for one seed (all configs: mean ± sample std); rounds/seconds/models to target are "
+        "means over the seeds that reached it; stability: mean lag-one autocorrelation of the normalized accuracy "
         "changes between evaluations (FedSoftMax Table 4; near 1 smooth, below 0 zig-zag).",
         "",
         "## Best config per method",
@@ -114,17 +171,17 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
         "",
     ]
     if rule == "target":
-        reference = reference if reference in set(best["method"]) else None
         ref_text = f"; (x×) = speed-up over {reference}, its mean rounds / the method's" if reference else ""
         lines += [
             "## Rounds to target per setting",
             "",
-            f"Mean rounds to the target of each method's best config under each setting{ref_text}; "
-            "[k/n]: only k of n seeds reached it.",
+            f"Mean rounds to the target [95% CI] of each method's best config under each setting{ref_text}; "
+            "k/n reached: only k of n seeds reached it (the mean and CI are theirs).",
             "",
             _rounds_table(best, reference),
             "",
         ]
+    lines += _comparison_lines(comparisons, reference, resolution)
     if several:
         lines += ["![each method across settings](settings_curves.png)", ""]
     if sampled_keys:

@@ -68,7 +68,8 @@ class ReportConfig(_Strict):
         "target per value and draws one curve per value (e.g. `server_data.fraction` for an m_s ablation).")
     reference: str | None = Field(
         None, description="Method the rounds-to-target speed-ups are relative to (FedCLG Table I: "
-        "`clg_sgd`); default `fedavg` when the sweep has it, else no speed-ups.")
+        "`clg_sgd`) and every other method is compared with, paired by seed (`comparisons.csv`: difference, "
+        "95% CI, Holm-adjusted p, verdict); default `fedavg` when the sweep has it, else neither.")
     relative_target: float | None = Field(
         None, gt=0, le=1, description="Count rounds to this fraction of the reference method's final accuracy "
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
