@@ -14,17 +14,15 @@ from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, se
                                    weights_figures)
 from fedsweep.report.stats import Metric, add_intervals, comparison_table, seed_values
 from fedsweep.report.tables import _all_table, _best_table, _comparisons_table, _markdown, _rounds_table
-from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs,
+from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
                                     best_configs, config_table, load_trials, relative_targets)
 
-# the accuracy a run is scored by: at its best validation evaluation where runs hold out a validation split
-SCORE_COLUMNS = ("test_accuracy_at_best_val", "best/test_accuracy")
 
-
-def compared_metrics(trials, rule: str, resolution: float, max_rounds: float | None) -> dict[str, Metric]:
+def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float | None) -> dict[str, Metric]:
     """What comparisons.csv compares: rounds to target when a target is set (censored where a run never
-    reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by."""
-    score = next((c for c in SCORE_COLUMNS if c in trials), SCORE_COLUMNS[-1])
+    reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by (with a
+    validation split, ``split``, each run's test accuracy at its best validation round)."""
+    score = SCORE_COLUMNS[split][0]
     metrics = {}
     if rule == "target":
         metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
@@ -107,7 +105,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
     reference = reference if reference in set(best["method"]) else None
     resolution = resolution or 1.0
-    metrics = compared_metrics(trials, rule, resolution, max_rounds)
+    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds)
     shown = ["best/test_accuracy", "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
     # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
     # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
