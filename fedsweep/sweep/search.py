@@ -45,7 +45,9 @@ class SearchConfig(BaseModel):
         "best/test_accuracy", description="`optuna`: what a study learns from: a config's mean over its seeds of "
         "this metric in its trials' last reports (under ASHA, as of where ASHA stopped them); one of "
         "test/accuracy, test/loss, best/test_accuracy, rounds_to_target (the first evaluated round at "
-        "`eval.target_accuracy`, else rounds + 1; with `mode: min`).")
+        "`eval.target_accuracy`, else rounds + 1; with `mode: min`), or the same on the validation split where "
+        "every trial has one (`data.validation_fraction`): val/accuracy, val/loss, best/val_accuracy, "
+        "val_rounds_to_target.")
     mode: Literal["max", "min"] = Field("max", description="`optuna`: whether a larger `metric` is better.")
     random_first: int | None = Field(
         None, ge=1, description="`optuna`: configs of each study drawn at random before TPE models the results "

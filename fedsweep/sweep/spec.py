@@ -25,8 +25,10 @@ from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
 #: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
 #: scheduler or a searcher may read; ``round`` is reported too, as the scheduler's time axis.
-#: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1.
-TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target")
+#: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1. The
+#: ``VAL_METRICS`` (the same on val/accuracy) only where a trial has a validation split.
+VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target")
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target", *VAL_METRICS)
 
 
 class _Strict(BaseModel):
@@ -315,7 +317,7 @@ def drawn_payload(payload: dict, values: dict[str, Any] | None) -> dict:
 
 
 # Data keys packed configs may set apart: they only change which samples are whose.
-_PER_MEMBER_DATA = ("partition", "num_clients", "train_size")
+_PER_MEMBER_DATA = ("partition", "num_clients", "train_size", "validation_fraction", "validation")
 
 
 def pack_key(cfg: RunConfig) -> str:
@@ -381,7 +383,9 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
     """What a trial would otherwise find only once Ray runs it, after every retry: a ``device: cuda``
     trial given no GPU (``resources.gpu: 0`` hides every GPU from it), a split of the data it cannot
     make (:func:`check_data`) and, for a sweep run on this machine (``local``; a cluster's nodes hold
-    their own files), a torchvision dataset's missing files."""
+    their own files), a torchvision dataset's missing files; and a metric its reports lack."""
+    from fedsweep.sweep.trainable import check_metrics_reported
+    check_metrics_reported(sweep, trials, source)
     check_data(trials, source)
     if sweep.resources.gpu == 0:
         cuda = next((t for t in trials if t.config.device == "cuda"), None)
