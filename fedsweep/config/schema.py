@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
 from fedsweep.config.registry import get_algorithm_class
+from fedsweep.config.checks import check_local_work, check_validation_clients
 from fedsweep.config.yamlfile import DuplicateKey, UniqueKeyLoader, parse_yaml
 
 
@@ -64,6 +65,13 @@ class DataConfig(_Strict):
         0.2, gt=0, lt=1, description="Held-out test share for datasets without an official test split "
         "(digits, mnist_5k, synthetic; stratified; for mnist_5k the same split for every seed); torchvision "
         "datasets use their own test split.")
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="Validation share of the training samples, for selecting configs without "
+        "reading the test split; 0: none. Held out after `train_size` and the server pool (docs/design.md §2.4).")
+    validation: Literal["central", "federated"] = Field(
+        "central", description="`central`: ⌈fraction·n⌉ samples held out before the partition, stratified by class, "
+        "the same for every method and partition at a seed; `federated`: each client keeps ⌈fraction·n_i⌉ of its "
+        "own n_i (a client of one sample keeps it to train on), read as `eval.validation_clients` says.")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
@@ -189,10 +197,15 @@ class ServerConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every: int = Field(1, ge=1, description="Evaluate on the test split every this many rounds (and at the end).")
+    every: int = Field(1, ge=1, description="Evaluate (the test split, and the validation split where there is one) "
+                       "every this many rounds (and at the end).")
     target_accuracy: float | None = Field(
-        None, gt=0, le=1, description="Test accuracy that counts as reached for `rounds_to_target`.")
+        None, gt=0, le=1, description="Accuracy that counts as reached for `rounds_to_target` (test accuracy) "
+        "and `val_rounds_to_target` (validation accuracy).")
     batch_size: int = Field(1024, ge=1, description="Batch size of the evaluation forward passes.")
+    validation_clients: int | None = Field(
+        None, ge=1, description="`data.validation: federated`: how many clients each evaluation draws to pool their "
+        "validation samples into val/* (unset: every client); few clients, noisy val/* (Kuo et al., MLSys 2023).")
     divergence_factor: float | None = Field(
         1000.0, gt=1, description="A round whose `train/loss` is above this many times ln(number of classes), "
         "the loss of a uniform guess (2.30 for 10 classes), marks the run diverged and stops it, as a NaN/inf "
@@ -247,27 +260,16 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
-        n, k, e, h = self.data.num_clients, self.clients_per_round, self.local.steps, self.heterogeneity
+        n, k = self.data.num_clients, self.clients_per_round
         if k > n:
             raise ConfigError(f"clients_per_round: K={k} is larger than data.num_clients N={n}; allowed 1..{n}")
-        if h.kind == "stragglers":
-            if h.rho > 0 and e < 2:
-                raise ConfigError("heterogeneity.rho: stragglers need local.steps ≥ 2 (a straggler does fewer than E)")
-            if h.tau_max is not None and h.tau_max > max(e - 1, 1):
-                raise ConfigError(f"heterogeneity.tau_max: {h.tau_max} exceeds local.steps−1 = {e - 1}; "
-                                  f"allowed 1..{max(e - 1, 1)}")
-        if h.kind == "uniform":
-            hi = h.max_steps if h.max_steps is not None else e
-            if not h.min_steps <= hi <= e:
-                raise ConfigError(f"heterogeneity.max_steps: need min_steps ≤ max_steps ≤ local.steps, "
-                                  f"got {h.min_steps}, {hi}, {e}")
-        if h.kind == "profiles" and h.trace is not None and not Path(h.trace).is_file():
-            raise ConfigError(f"heterogeneity.trace: file not found: {h.trace}")
+        check_local_work(self.heterogeneity, self.local.steps)
         sd = self.server_data
         if (sd.fraction == 0 and sd.size is None) and getattr(
                 get_algorithm_class(self.algorithm.name), "needs_server_data", False):
             raise ConfigError(f"server_data.fraction: algorithm {self.algorithm.name!r} trains on server data; "
                               f"set server_data.fraction > 0 (FedCLG: 0.01-0.1) or server_data.size")
+        check_validation_clients(self.data, self.eval)
         if self.data.name in ("mnist", "fashion_mnist", "cifar10", "cifar100") and not self.data.root:
             raise ConfigError(f"data.root: dataset {self.data.name!r} loads from a folder; set data.root "
                               f"(and data.download: true to let torchvision fetch it)")

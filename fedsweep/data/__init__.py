@@ -1,9 +1,10 @@
 """The federated dataset: all samples as tensors (on the device once) plus per-client index tables.
 
 ``load_federated(cfg.data, seed, cfg.server_data)`` = a source (:mod:`fedsweep.data.sources`), minus the
-hybrid-FL server pool (:mod:`fedsweep.data.server`) where there is one, + a partition
-(:mod:`fedsweep.data.partition`), a pure function of ``(cfg, seed)``. No DataLoader is involved:
-engines index ``x_train[client_indices[i][batch]]`` directly (docs/design.md §1.5).
+hybrid-FL server pool (:mod:`fedsweep.data.server`) where there is one, minus a central validation split
+(:mod:`fedsweep.data.validation`) where asked, + a partition (:mod:`fedsweep.data.partition`), + each
+client's own validation samples where the split is federated: a pure function of ``(cfg, seed)``. No
+DataLoader is involved: engines index ``x_train[client_indices[i][batch]]`` directly (docs/design.md §1.5).
 
 The split itself (:func:`split_federated`) is numpy: a sweep's driver makes it for each of its trials'
 data set-ups before Ray starts (``sweep.checks.check_data``) without importing torch, which it would
@@ -20,6 +21,7 @@ from fedsweep.config.schema import ConfigError, DataConfig, ServerDataConfig
 from fedsweep.data.partition import describe_partition, partition
 from fedsweep.data.server import server_size, split_pool
 from fedsweep.data.sources import DATASETS, Source, load_source
+from fedsweep.data.validation import central_holdout, central_holdout_natural, federated_holdout
 from fedsweep.util.lazy import torch
 from fedsweep.sim.rng import np_rng
 
@@ -30,11 +32,15 @@ __all__ = ["DATASETS", "FederatedData", "Split", "load_federated", "partition", 
 class FederatedData:
     """Train/test tensors and each client's indices into ``x_train``.
 
-    ``client_indices`` are int64, non-empty, pairwise disjoint (together: every training sample not in
-    ``server_pool``). ``scheme`` is a short label of how the clients were formed (e.g. ``classes P=2``),
-    for describe(). ``server_pool`` (hybrid FL, None without server data) holds the sorted int64
-    indices into ``x_train`` of the server's pool, disjoint from every client; ``server_size`` is m_s,
-    the samples the server uses per round (:func:`fedsweep.data.server.round_server_indices`).
+    ``client_indices`` are int64, non-empty, pairwise disjoint (together: every training sample in use
+    not in ``server_pool`` or the validation split). ``scheme`` is a short label of how the clients
+    were formed (e.g. ``classes P=2``), for describe(). ``server_pool`` (hybrid FL, None without server
+    data) holds the sorted int64 indices into ``x_train`` of the server's pool, disjoint from every
+    client; ``server_size`` is m_s, the samples the server uses per round
+    (:func:`fedsweep.data.server.round_server_indices`).
+    ``validation`` (``data.validation``, '' without a split): ``central`` has its samples in ``x_val``,
+    ``y_val``; ``federated`` has each client's in ``val_indices`` (int64 indices into ``x_train``, empty
+    for a client of one sample), disjoint from ``client_indices``.
     """
     name: str
     x_train: torch.Tensor
@@ -47,6 +53,11 @@ class FederatedData:
     scheme: str = ""
     server_pool: torch.Tensor | None = None
     server_size: int = 0
+    validation: str = ""
+    validation_fraction: float = 0.0
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+    val_indices: list[torch.Tensor] | None = None
 
     def to(self, device: torch.device | str) -> "FederatedData":
         """A copy with every tensor on ``device`` (a no-op copy where it already is)."""
@@ -55,7 +66,10 @@ class FederatedData:
             x_train=self.x_train.to(device), y_train=self.y_train.to(device),
             x_test=self.x_test.to(device), y_test=self.y_test.to(device),
             client_indices=[ix.to(device) for ix in self.client_indices],
-            server_pool=None if self.server_pool is None else self.server_pool.to(device))
+            server_pool=None if self.server_pool is None else self.server_pool.to(device),
+            x_val=None if self.x_val is None else self.x_val.to(device),
+            y_val=None if self.y_val is None else self.y_val.to(device),
+            val_indices=None if self.val_indices is None else [ix.to(device) for ix in self.val_indices])
 
     @property
     def num_clients(self) -> int:
@@ -76,6 +90,9 @@ class FederatedData:
             per_round = ("fixed" if len(self.server_pool) == self.server_size
                          else f"m_s {self.server_size}/round")
             text += f", server pool {len(self.server_pool)} ({per_round})"
+        if self.validation:
+            held = len(self.y_val) if self.y_val is not None else sum(len(ix) for ix in self.val_indices)
+            text += f", validation {100 * self.validation_fraction:g}% {self.validation} ({held})"
         return text
 
 
@@ -92,12 +109,18 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
     pool is taken the same way from all clients' training samples together, except one random sample
     per client that is reserved so every client keeps ≥ 1; each client then keeps its other samples.
     Without ``server`` (or with m_s = 0) the result is exactly that of the plain call.
+
+    ``cfg.validation_fraction`` > 0: the validation split (:mod:`fedsweep.data.validation`), held out
+    after the server pool and before the partition (``central``), or out of each client's samples
+    after it (``federated``); with 0 every draw and index is what it is without the option.
     """
     s = split_federated(cfg, seed, server)
     src = s.source
+    x_train, y_train = torch.as_tensor(src.x_train), torch.as_tensor(src.y_train)
+    central = torch.from_numpy(s.val) if s.val is not None else None
     return FederatedData(
         name=cfg.name,
-        x_train=torch.as_tensor(src.x_train), y_train=torch.as_tensor(src.y_train),
+        x_train=x_train, y_train=y_train,
         x_test=torch.as_tensor(src.x_test), y_test=torch.as_tensor(src.y_test),
         client_indices=[torch.from_numpy(p) for p in s.parts],
         num_classes=src.num_classes,
@@ -105,6 +128,11 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
         scheme=s.scheme,
         server_pool=None if s.pool is None else torch.from_numpy(s.pool),
         server_size=s.server_size,
+        validation=cfg.validation if cfg.validation_fraction > 0 else "",
+        validation_fraction=cfg.validation_fraction,
+        x_val=x_train[central] if central is not None else None,
+        y_val=y_train[central] if central is not None else None,
+        val_indices=None if s.val_parts is None else [torch.from_numpy(p) for p in s.val_parts],
     )
 
 
@@ -112,12 +140,15 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
 class Split:
     """What :func:`load_federated` makes before its tensors: the source, each client's int64 indices
     into its training samples (``parts``), the server pool's (``pool``, None without one), how the
-    clients were formed (``scheme``) and m_s (``server_size``)."""
+    clients were formed (``scheme``), m_s (``server_size``) and the validation split: its indices
+    (``val``, central) or each client's (``val_parts``, federated), None without one."""
     source: Source
     parts: list[np.ndarray]
     pool: np.ndarray | None
     scheme: str
     server_size: int
+    val: np.ndarray | None = None
+    val_parts: list[np.ndarray] | None = None
 
 
 def split_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None = None) -> Split:
@@ -140,14 +171,17 @@ def split_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None 
         parts, scheme = src.client_indices, "natural split"
         if m_s > 0:
             parts, pool = _split_natural(labels, parts, server, src.num_classes, seed)
+        parts, val = central_holdout_natural(labels, parts, cfg, seed)
     else:
         allowed = keep
         if m_s > 0:
             allowed, pool = split_pool(labels[keep], server, src.num_classes, seed)
             allowed, pool = keep[allowed], keep[pool]
+        allowed, val = central_holdout(labels, allowed, cfg, seed)
         parts = [allowed[p] for p in partition(labels[allowed], cfg.num_clients, cfg.partition, seed)]
         scheme = describe_partition(cfg.partition)
-    return Split(src, parts, pool, scheme, m_s)
+    parts, val_parts = federated_holdout(labels, parts, cfg, seed)
+    return Split(src, parts, pool, scheme, m_s, val, val_parts)
 
 
 def _split_natural(labels: np.ndarray, parts: list[np.ndarray], server: ServerDataConfig, num_classes: int,

@@ -7,9 +7,10 @@
     (+ algorithm.server_train for hybrid FL)
 
 The global model is one flat ``nn.Parameter`` ``w``; the network is reached through
-``torch.func.functional_call`` on views of it. Evaluation on the test split runs in
-``validation_step`` every ``eval.every`` rounds. Checkpoints carry w, the server optimizer, the
-algorithm's state, the round counter and the metric history, so a resumed run ends identically.
+``torch.func.functional_call`` on views of it. Evaluation on the test split (and the validation split,
+where there is one) runs inside ``training_step`` every ``eval.every`` rounds. Checkpoints carry w,
+the server optimizer, the algorithm's state, the round counter and the metric history, so a resumed
+run ends identically.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
 from fedsweep.sim.models import build_model
-from fedsweep.sim.rng import derive_seed, generator
+from fedsweep.sim.rng import derive_seed, generator, np_rng
 
 
 def divergence_limit(factor: float | None, num_classes: int) -> float:
@@ -259,12 +260,39 @@ class FederatedModule(L.LightningModule):
 
     # ----- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """test/loss, test/accuracy and, with a validation split, val/loss, val/accuracy of the global model."""
         loss, acc = self.fmodel.evaluate(self.w.detach(), self.data.x_test, self.data.y_test,
                                          self.cfg.eval.batch_size)
-        return {"test/loss": loss, "test/accuracy": acc}
+        return {"test/loss": loss, "test/accuracy": acc, **self.evaluate_validation()}
+
+    def evaluate_validation(self) -> dict[str, float]:
+        """val/loss, val/accuracy on the central validation split, or on the pooled validation samples of
+        the clients this evaluation reads (:meth:`validation_samples`): a sample-weighted mean of the
+        clients' own, as a deployed FL system aggregates its clients' reports; {} without a split."""
+        d = self.data
+        if not d.validation:
+            return {}
+        if d.x_val is not None:
+            x, y = d.x_val, d.y_val
+        else:
+            idx = self.validation_samples(self.rounds_done - 1)
+            x, y = d.x_train[idx], d.y_train[idx]
+        loss, acc = self.fmodel.evaluate(self.w.detach(), x, y, self.cfg.eval.batch_size)
+        return {"val/loss": loss, "val/accuracy": acc}
+
+    def validation_samples(self, t: int) -> torch.Tensor:
+        """The pooled federated validation samples (indices into ``x_train``) read after round t: of every
+        client holding some, or of ``eval.validation_clients`` of them drawn without replacement from
+        (seed, t, "validation clients"), the same for every engine and for a packed or resumed run."""
+        holders = [i for i, ix in enumerate(self.data.val_indices) if len(ix)]
+        wanted = self.cfg.eval.validation_clients
+        if wanted is not None and wanted < len(holders):
+            rng = np_rng(self.cfg.seed, t, "validation clients")
+            holders = sorted(int(i) for i in rng.choice(holders, size=wanted, replace=False))
+        return torch.cat([self.data.val_indices[i] for i in holders])
 
     def validation_step(self, batch, batch_idx):
-        """``trainer.validate``: test metrics of the current global model. During ``fit`` evaluation
+        """``trainer.validate``: test (and validation) metrics of the current global model. During ``fit`` evaluation
         runs inside ``training_step`` every ``eval.every`` rounds, so its cadence survives resumes."""
         self.log_dict(self.evaluate(), batch_size=1)
 

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -14,14 +12,12 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.runs.summary import (SUMMARY_KEYS, first_at_target, format_summary, stability,  # noqa: F401
+                                   summarize, summary_json, validation_summary)  # (re-exported)
 from fedsweep.util.lazy import torch
-
-SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
-                "seconds_per_round", "comm_up_models", "comm_down_models")
 
 
 def resolve_device(name: str) -> str:
@@ -30,85 +26,6 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-def stability(accuracies) -> float | None:
-    """Lag-one autocorrelation of the normalized changes of test accuracy between evaluations.
-
-    The FedSoftMax paper's stability measure (§3.2, Table 4: "a lag one autocorrelation measure based
-    on the normalized standard deviation of the variations over one round"): with d_t the change
-    between consecutive evaluations and z_t = (d_t − mean d) / std d, it is Σ z_t z_{t+1} / Σ z_t².
-    In [−1, 1]: near 1 the curve moves smoothly (changes persist), negative it zig-zags. The paper's
-    values exceed 1, so its exact normalisation is not this one; compare runs within fedsweep only.
-    None with fewer than 4 evaluations or a flat curve. Evaluate every round (``eval.every: 1``) to
-    measure round-to-round changes as the paper does."""
-    d = np.diff(np.asarray(list(accuracies), dtype=np.float64))
-    if len(d) < 3 or not np.isfinite(d).all() or d.std() == 0:
-        return None
-    z = (d - d.mean()) / d.std()
-    return float((z[:-1] * z[1:]).sum() / (z * z).sum())
-
-
-def first_at_target(history: list[dict], target: float | None) -> dict | None:
-    """The first evaluated row of ``history`` at or above ``target`` accuracy; None if none (or no target)."""
-    return next((h for h in history if target is not None and h.get("test/accuracy", -1.0) >= target), None)
-
-
-def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> dict:
-    """The numbers a user compares runs on; ``rounds_to_target`` is None if never reached."""
-    evals = [h for h in history if "test/accuracy" in h]
-    hit = first_at_target(evals, cfg.eval.target_accuracy)
-    upto = [h for h in history if hit is None or h["round"] <= hit["round"]]
-    secs = [h["round/seconds"] for h in history]
-    def total(key, rows):
-        return float(sum(h[key] for h in rows))
-    return {
-        "status": "diverged" if diverged else "finished",
-        "diverged_round": history[-1]["round"] if diverged and history else None,
-        "best_test_accuracy": max((h["test/accuracy"] for h in evals), default=None),
-        "final_test_accuracy": evals[-1]["test/accuracy"] if evals else None,
-        "final_test_loss": evals[-1]["test/loss"] if evals else None,
-        "rounds_to_target": hit["round"] if hit else None,
-        "seconds_to_target": total("round/seconds", upto) if hit else None,
-        "comm_up_to_target": total("comm/up_models", upto) if hit else None,
-        "rounds": len(history),
-        "seconds_per_round": sum(secs) / len(secs) if secs else None,
-        "comm_up_models": total("comm/up_models", history),
-        "comm_down_models": total("comm/down_models", history),
-        "grad_evals": total("compute/grad_evals", history),
-        "stability": stability(h["test/accuracy"] for h in evals),
-        "target_accuracy": cfg.eval.target_accuracy,
-    }
-
-
-def summary_json(summary: dict) -> str:
-    """The summary as strict JSON: a NaN or infinite number (a diverged run's loss) becomes null."""
-    def clean(v):
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-    return json.dumps({k: clean(v) for k, v in summary.items()}, indent=2, allow_nan=False)
-
-
-def format_summary(summary: dict) -> str:
-    def fmt(v):
-        if v is None:
-            return "—"
-        if isinstance(v, float):
-            return f"{v:.4f}" if abs(v) < 10 else f"{v:,.1f}"
-        return str(v)
-    status = summary["status"]
-    if summary.get("diverged_round") is not None:
-        status = f"diverged at round {summary['diverged_round']}"
-    rows = [("status", status),
-            ("best test accuracy", summary["best_test_accuracy"]),
-            ("final test accuracy", summary["final_test_accuracy"]),
-            (f"rounds to target ({fmt(summary['target_accuracy'])})", summary["rounds_to_target"]),
-            ("rounds", summary["rounds"]),
-            ("seconds per round", summary["seconds_per_round"]),
-            ("stability (lag-1 autocorrelation)", summary["stability"]),
-            ("models up / down", f"{fmt(summary['comm_up_models'])} / {fmt(summary['comm_down_models'])}")]
-    width = max(len(r[0]) for r in rows)
-    line = "─" * (width + 16)
-    return "\n".join([line] + [f"{k:<{width}}  {fmt(v)}" for k, v in rows] + [line])
 
 
 def duration(seconds: float) -> str:
@@ -134,8 +51,9 @@ class _Progress:
                 if "test/accuracy" in h:
                     recent = [r["round/seconds"] for r in module.history[-50:]]
                     left = (total - h["round"]) * sum(recent) / len(recent)
+                    val = f"val acc {h['val/accuracy']:.4f}  " if "val/accuracy" in h else ""
                     print(f"round {h['round']:>4}/{total}  test acc {h['test/accuracy']:.4f}  "
-                          f"test loss {h['test/loss']:.4f}  train loss {h['train/loss']:.4f}  "
+                          f"test loss {h['test/loss']:.4f}  {val}train loss {h['train/loss']:.4f}  "
                           f"{1000 * h['round/seconds']:.1f} ms/round" + (f"  ~{duration(left)} left" if left else ""),
                           file=sys.stderr, flush=True)
         return Progress()

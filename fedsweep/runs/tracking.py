@@ -318,6 +318,8 @@ def dataset_input(run: dict):
                "test_fraction": data.get("test_fraction"), "train_size": data.get("train_size")}
     if server.get("fraction") or server.get("size"):
         profile["server_data"] = {k: server.get(k) for k in ("fraction", "size")}
+    if data.get("validation_fraction"):
+        profile["validation"] = {"fraction": data["validation_fraction"], "kind": data.get("validation")}
     source = {"dataset": data["name"], "root": data.get("root")}
     dataset = Dataset(name=name, digest=hashlib.sha1(setup.encode()).hexdigest()[:8], source_type="code",
                       source=json.dumps(source), profile=json.dumps(profile, default=str))
@@ -333,12 +335,14 @@ def metrics_of(history: list[dict], timestamp_ms: int):
 
 
 def summary_metrics(summary: dict, timestamp_ms: int):
-    """The summary's finite numbers as ``summary/<key>`` metrics, plus ``best/test_accuracy`` and
-    ``rounds_to_target`` (the names of docs/design.md §4.3) where they exist."""
+    """The summary's finite numbers as ``summary/<key>`` metrics, plus ``best/test_accuracy``,
+    ``rounds_to_target`` and, with a validation split, ``best/val_accuracy`` and ``val_rounds_to_target``
+    (the names of docs/design.md §4.3) where they exist."""
     from mlflow.entities import Metric
     out = [Metric(f"summary/{k}", float(v), timestamp_ms, 0) for k, v in summary.items()
            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
-    for key, name in (("best_test_accuracy", "best/test_accuracy"), ("rounds_to_target", "rounds_to_target")):
+    for key, name in (("best_test_accuracy", "best/test_accuracy"), ("rounds_to_target", "rounds_to_target"),
+                      ("best_val_accuracy", "best/val_accuracy"), ("val_rounds_to_target", "val_rounds_to_target")):
         if summary.get(key) is not None:
             out.append(Metric(name, float(summary[key]), timestamp_ms, 0))
     return out

@@ -17,7 +17,7 @@ def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = 
         readers.append(("search.metric", sweep.search))
     if not readers:
         return
-    has = {getattr(t.config.data, "validation_fraction", 0.0) > 0 for t in trials}
+    has = {t.config.data.validation_fraction > 0 for t in trials}
     if len(has) > 1:
         raise ConfigError(f"{source}: data.validation_fraction: some trials have a validation split and some not, "
                           f"and {readers[0][0]} compares them on one metric; give every trial the same split")

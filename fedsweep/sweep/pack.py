@@ -54,7 +54,7 @@ def check_packable(cfgs: list[RunConfig]) -> None:
     keys = {pack_key(c) for c in cfgs}
     if len(keys) > 1:
         raise ConfigError("pack: configs in one pack must share model, data source (all but data.partition, "
-                          "data.num_clients, data.train_size), rounds, engine and device")
+                          "data.num_clients, data.train_size, data.validation*), rounds, engine and device")
 
 
 class PackedModule(L.LightningModule):

@@ -26,9 +26,9 @@ from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 #: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
 #: scheduler or a searcher may read; ``round`` is reported too, as the scheduler's time axis.
 #: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1. The
-#: ``val`` ones only where the trials have a validation split (``data.validation_fraction``).
-TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target",
-                "val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target")
+#: ``VAL_METRICS`` (the same on val/accuracy) only where a trial has a validation split.
+VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target")
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target", *VAL_METRICS)
 #: Each test metric's validation twin: what selection reads once the trials have a validation split.
 ON_VALIDATION = {"test/accuracy": "val/accuracy", "test/loss": "val/loss", "best/test_accuracy": "best/val_accuracy",
                  "rounds_to_target": "val_rounds_to_target"}

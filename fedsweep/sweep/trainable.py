@@ -78,6 +78,30 @@ def _members(module) -> list:
     return list(module.members) if hasattr(module, "members") else [module]
 
 
+def headline(members: list, split: str) -> dict:
+    """What a report says of a unit on one split (``test``, or ``val`` for members with a validation
+    split): ``<split>/accuracy`` and ``<split>/loss`` of the last evaluation and ``best/<split>_accuracy``
+    of the member whose best is highest (a pack's best member), and the first evaluated round at
+    ``eval.target_accuracy`` of any member (``rounds_to_target``, ``val_rounds_to_target``), else rounds + 1."""
+    from fedsweep.runs.run import first_at_target
+    acc = f"{split}/accuracy"
+    latest, hits = [], []
+    for m in members:
+        evals = [h for h in m.history if acc in h]
+        latest.append((evals[-1] if evals else None, max((h[acc] for h in evals), default=0.0)))
+        hit = first_at_target(evals, m.cfg.eval.target_accuracy, acc)   # not reached (yet): rounds + 1
+        hits.append(hit["round"] if hit else m.cfg.rounds + 1)
+    last, best = max(latest, key=lambda e: e[1])
+    to_target = "rounds_to_target" if split == "test" else "val_rounds_to_target"
+    return {acc: last[acc] if last else 0.0, f"{split}/loss": last[f"{split}/loss"] if last else math.inf,
+            f"best/{split}_accuracy": best, to_target: min(hits)}
+
+
+def has_validation(cfg: RunConfig) -> bool:
+    """Whether a run evaluates a validation split, so its reports carry the val metrics."""
+    return cfg.data.validation_fraction > 0
+
+
 class Rungs:
     """The rounds at which ASHA decides on a trial (its rungs), and those it has recorded the trial at,
     as far as the trial's own reports tell. ASHA acts on a report only when its round has reached a
@@ -129,8 +153,6 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
     mark = _phase_marks()
     import lightning as L
 
-    from fedsweep.runs.run import first_at_target
-
     class TuneReporter(L.Callback):
         def __init__(self):
             # History rows already reported, per member. A resumed trial starts at 0 and re-sends what
@@ -166,21 +188,15 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
 
         def report(self, trainer, module, checkpoint: bool, final: list[dict] | None = None):
             from ray import tune
-            parts, latest, hits = {}, [], []
-            for i, (index, m) in enumerate(zip(trials, _members(module))):
+            parts, members = {}, _members(module)
+            for i, (index, m) in enumerate(zip(trials, members)):
                 parts[str(index)] = {"rows": m.history[self.sent[i]:], "engine": m.engine_name,
                                      **(final[i] if final else {})}
                 self.sent[i] = len(m.history)
-                evals = [h for h in m.history if "test/accuracy" in h]
-                latest.append((evals[-1] if evals else None, max((h["test/accuracy"] for h in evals), default=0.0)))
-                hit = first_at_target(evals, m.cfg.eval.target_accuracy)   # not reached (yet): rounds + 1
-                hits.append(hit["round"] if hit else m.cfg.rounds + 1)
             # What a scheduler, a searcher and the progress line read: the trial's (a pack's best member's) numbers.
-            last, best = max(latest, key=lambda e: e[1])
-            metrics = {"round": module.rounds_done, "members": parts,
-                       "test/accuracy": last["test/accuracy"] if last else 0.0,
-                       "test/loss": last["test/loss"] if last else math.inf,
-                       "best/test_accuracy": best, "rounds_to_target": min(hits)}
+            metrics = {"round": module.rounds_done, "members": parts, **headline(members, "test")}
+            if any(has_validation(m.cfg) for m in members):
+                metrics.update(headline([m for m in members if has_validation(m.cfg)], "val"))
             if final:
                 metrics["fedsweep_done"] = True
             if self.resumed is not None:
@@ -224,6 +240,8 @@ def _loadable_members(trials: list[int], cfgs: list[RunConfig]):
 def final_part(summary: dict, rounds: int) -> dict:
     """What a member's last report adds to its rows: its status and summary numbers."""
     return {"status": summary["status"], "best/test_accuracy": summary["best_test_accuracy"] or 0.0,
+            **({"best/val_accuracy": summary["best_val_accuracy"]} if summary.get("best_val_accuracy") is not None
+               else {}),
             "round": rounds,
             **{f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 

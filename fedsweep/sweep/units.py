@@ -9,7 +9,7 @@ from fedsweep.sweep.spec import SweepConfig, Trial
 
 
 # Data keys packed configs may set apart: they only change which samples are whose.
-_PER_MEMBER_DATA = ("partition", "num_clients", "train_size")
+_PER_MEMBER_DATA = ("partition", "num_clients", "train_size", "validation_fraction", "validation")
 
 
 def pack_key(cfg: RunConfig) -> str:

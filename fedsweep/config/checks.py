@@ -1,0 +1,43 @@
+"""Checks of a run config that read two of its sections (``RunConfig``'s cross-checks call them);
+each raises a one-line :class:`ConfigError` naming the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedsweep.util.errors import ConfigError
+
+
+def check_local_work(h, e: int) -> None:
+    """The ``heterogeneity`` model ``h`` fits E = ``local.steps`` (docs/design.md §2.3)."""
+    if h.kind == "stragglers":
+        if h.rho > 0 and e < 2:
+            raise ConfigError("heterogeneity.rho: stragglers need local.steps ≥ 2 (a straggler does fewer than E)")
+        if h.tau_max is not None and h.tau_max > max(e - 1, 1):
+            raise ConfigError(f"heterogeneity.tau_max: {h.tau_max} exceeds local.steps−1 = {e - 1}; "
+                              f"allowed 1..{max(e - 1, 1)}")
+    if h.kind == "uniform":
+        hi = h.max_steps if h.max_steps is not None else e
+        if not h.min_steps <= hi <= e:
+            raise ConfigError(f"heterogeneity.max_steps: need min_steps ≤ max_steps ≤ local.steps, "
+                              f"got {h.min_steps}, {hi}, {e}")
+    if h.kind == "profiles" and h.trace is not None and not Path(h.trace).is_file():
+        raise ConfigError(f"heterogeneity.trace: file not found: {h.trace}")
+
+
+def check_validation_clients(data, evaluation) -> None:
+    """``eval.validation_clients`` samples the clients of a federated validation split: it needs one
+    (``data.validation_fraction`` > 0, ``data.validation: federated``) and at most N clients."""
+    wanted = evaluation.validation_clients
+    if wanted is None:
+        return
+    if data.validation_fraction == 0:
+        raise ConfigError("eval.validation_clients: there is no validation split to sample clients of; set "
+                          "data.validation_fraction > 0 with data.validation: federated, "
+                          "or unset eval.validation_clients")
+    if data.validation != "federated":
+        raise ConfigError("eval.validation_clients: a central validation split (data.validation: central) is held "
+                          "by no client and evaluated whole; set data.validation: federated, "
+                          "or unset eval.validation_clients")
+    if wanted > data.num_clients:
+        raise ConfigError(f"eval.validation_clients: {wanted} is more than data.num_clients N={data.num_clients}; "
+                          f"allowed 1..{data.num_clients} (unset: every client)")
