@@ -54,7 +54,7 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
     assert main(["tune", write(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     # 2 methods x 2 values of the setting rho; each best config on seeds 10 and 11
-    assert "then a confirm stage: 8 trials, the selected config of each of 4 methods and settings on each of " \
+    assert "then a confirm stage: 8 trials, the selected config of each of 4 (method, setting) pairs on each of " \
            "seeds 10, 11" in out
 
 

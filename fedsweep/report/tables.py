@@ -36,7 +36,8 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 def _best_table(best: pd.DataFrame) -> str:
     settings = best.attrs["settings"]
-    header = [*settings, "method", "config", "seeds", "best acc", "final acc", "rounds to target",
+    accuracy = "test acc at best val" if best.attrs.get("selected_on") == "validation" else "best acc"
+    header = [*settings, "method", "config", "seeds", accuracy, "final acc", "rounds to target",
               "reached", "s to target", "models up to target", "s / round", "stability", "diverged"]
     rows = [[*(_fmt_value(r[k]) for k in settings), r["method"], r["config"] or "—", str(r["n"]),
              _ci(r["acc_ci"], 4), _ci(r["final_ci"], 4), _ci(r["rtt_ci"], 1), f"{r['reached']}/{r['n']}",
@@ -94,7 +95,8 @@ def _comparisons_table(table: pd.DataFrame) -> str:
 
 def _all_table(configs: pd.DataFrame) -> str:
     settings = configs.attrs["settings"]
-    header = ["method", *settings, "rank", "config", "best acc (± std)", "rounds to target (± std)", "reached",
+    accuracy = "test acc at best val" if configs.attrs.get("selected_on") == "validation" else "best acc"
+    header = ["method", *settings, "rank", "config", f"{accuracy} (± std)", "rounds to target (± std)", "reached",
               "seeds", "statuses", "config_id"]
     rows = [[r["method"], *(_fmt_value(r[k]) for k in settings), str(r["rank"]), r["config"] or "—",
              _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["rtt_mean"], r["rtt_std"], 1),

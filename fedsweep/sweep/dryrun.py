@@ -63,7 +63,7 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
               file=out)
     if groups:
         print(f"then a confirm stage: {len(groups) * len(sweep.confirm.seeds):,} trials, the selected config of each "
-              f"of {len(groups)} methods and settings on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
+              f"of {len(groups)} (method, setting) pairs on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
               file=out)
     if any(t.sampled for t in methods):
         print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
