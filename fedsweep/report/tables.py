@@ -94,11 +94,16 @@ def _comparisons_table(table: pd.DataFrame) -> str:
 
 
 def _all_table(configs: pd.DataFrame) -> str:
+    """Every tuning config, ranked within its method and settings; with a validation split the
+    numbers selection ranks by (validation) beside the ones reported (test)."""
     settings = configs.attrs["settings"]
-    accuracy = "test acc at best val" if configs.attrs.get("selected_on") == "validation" else "best acc"
-    header = ["method", *settings, "rank", "config", f"{accuracy} (± std)", "rounds to target (± std)", "reached",
-              "seeds", "statuses", "config_id"]
+    on_val = configs.attrs.get("selected_on") == "validation"
+    accuracy = "test acc at best val" if on_val else "best acc"
+    selects = ["val acc (selects)", "val rounds to target (selects)"] if on_val else []
+    header = ["method", *settings, "rank", "config", *selects, f"{accuracy} (± std)", "rounds to target (± std)",
+              "reached", "seeds", "statuses", "config_id"]
     rows = [[r["method"], *(_fmt_value(r[k]) for k in settings), str(r["rank"]), r["config"] or "—",
+             *([_num(r["sel_acc_mean"], 4), _num(r["sel_rtt_mean"], 1)] if on_val else []),
              _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["rtt_mean"], r["rtt_std"], 1),
              f"{r['reached']}/{r['n']}", str(r["n"]), r["statuses"], f"`{r['config_id']}`"]
             for _, r in configs.iterrows()]

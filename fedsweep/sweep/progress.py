@@ -43,13 +43,14 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
 
 
 def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None,
-                           indices: list[int] | None = None):
+                           indices: list[int] | None = None, later: str = "pending"):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
     per second since the first report). Counts come from Tune's list of every trial, so a resumed
     sweep counts what ran before too. ``store``: the sweep's storage, to say where a failed trial's
     traceback is kept. ``indices``: the sweep trials this Tune run has (default every one; the confirm
-    stage's run has only its own)."""
+    stage's run has only its own). ``later``: what the status line calls trials Tune has not made yet
+    (``to draw`` for optuna's slots, whose values are drawn when they start)."""
     from ray import tune
     stage = list(range(len(payloads))) if indices is None else list(indices)
 
@@ -108,8 +109,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             for t in trials:
                 for s in member_statuses(t, units):
                     counts[s] = counts.get(s, 0) + 1
-            if sum(counts.values()) < self.total:   # optuna's slots Tune has not been handed yet
-                counts["to draw"] = self.total - sum(counts.values())
+            if sum(counts.values()) < self.total:   # trials Tune has not made yet (optuna's slots: not drawn)
+                counts[later] = counts.get(later, 0) + self.total - sum(counts.values())
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
             best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
