@@ -337,7 +337,7 @@ def metrics_of(history: list[dict], timestamp_ms: int):
 def summary_metrics(summary: dict, timestamp_ms: int):
     """The summary's finite numbers as ``summary/<key>`` metrics, plus ``best/test_accuracy``,
     ``rounds_to_target`` and, with a validation split, ``best/val_accuracy`` and ``val_rounds_to_target``
-    (the names of docs/design.md §4.3) where they exist."""
+    (the names of docs/design.md §4.4) where they exist."""
     from mlflow.entities import Metric
     out = [Metric(f"summary/{k}", float(v), timestamp_ms, 0) for k, v in summary.items()
            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
