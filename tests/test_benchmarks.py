@@ -87,6 +87,7 @@ def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
     assert got["ratio"] == pytest.approx(got["trials_per_min_packed"] / got["trials_per_min_one_by_one"])
 
 
+@pytest.mark.slow
 def test_pack_benchmark_against_a_baseline(tmp_path):
     """`--sweep --baseline DIR`: each timing in a fresh process whose fedsweep is the named checkout's
     (first on the path, before the editable install), the baseline's first, in turn."""

@@ -58,6 +58,7 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
            "seeds 10, 11" in out
 
 
+@pytest.mark.slow   # the protocol end to end, confirm stage included, is tests/test_selection.py's A/A sweep
 def test_the_selected_configs_are_confirmed_on_fresh_seeds_and_scored_on_them(tmp_path, monkeypatch, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

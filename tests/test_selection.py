@@ -141,3 +141,10 @@ def test_an_a_a_pair_reads_no_difference_and_a_worse_arm_worse(tmp_path, monkeyp
     assert censored["censored_method"] == "4" and "the rank test's smallest p is 0.125" in censored["note"]
     text = (tmp_path / "reports" / "aa" / "report.md").read_text()
     assert "selected on the validation split" in text and "comes from its confirm runs" in text
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("aa").experiment_id],
+                              filter_string="tags.`fedsweep.stage` = 'confirm'")
+    chosen = set(selected_configs(uri, "aa", "aa", ())["config_id"])
+    assert len(runs) == 12 and {r.data.tags["fedsweep.config_id"] for r in runs} == chosen   # 3 methods x 4 seeds
+    assert sorted({r.data.params["seed"] for r in runs}) == ["10", "11", "12", "13"]

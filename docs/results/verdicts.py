@@ -1,0 +1,56 @@
+"""The verdict table of docs/results.md ("Verdicts under the protocol") from the verdict sweeps' reports.
+
+    for s in sweeps/*_verdict.yaml; do fedsweep tune $s && fedsweep report $s; done
+    python docs/results/verdicts.py reports        # the folder holding reports/<sweep>/comparisons.csv
+
+One row per (sweep, setting, method) compared with its sweep's reference: rounds to target and the
+accuracy the runs are scored by (test, at each run's best validation round), each as `verdict:
+difference [95% CI]` over the confirm seeds, paired by seed, Holm-adjusted within its sweep.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+SWEEPS = ["fedlga_verdict", "fedlga_mnist5k_verdict", "baselines_verdict", "baselines_mnist5k_verdict",
+          "fedclg_verdict", "fedclg_mnist5k_verdict", "fedsoftmax_verdict", "fedsoftmax_mnist5k_verdict"]
+
+
+def cell(row: dict | None, digits: int) -> str:
+    if row is None:
+        return "—"
+    verdict = row["verdict"]
+    if row["difference"] in ("", "nan"):
+        return verdict
+    diff, low, high = (float(row[k]) for k in ("difference", "ci_low", "ci_high"))
+    text = f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+    censored = int(row.get("censored_method") or 0) + int(row.get("censored_reference") or 0)
+    return f"**{verdict}** {text}" + (f" ({censored} censored)" if censored else "")
+
+
+def setting(text: str) -> str:
+    """``heterogeneity.rho=0.1, ...`` as ``rho=0.1, ...``."""
+    if text == "all":
+        return "—"
+    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in (p.split("=", 1) for p in text.split(", ")))
+
+
+def table(reports: Path) -> str:
+    lines = ["| sweep | setting | method vs reference | rounds to target | test accuracy at best val |",
+             "|---|---|---|---|---|"]
+    for sweep in SWEEPS:
+        path = reports / sweep / "comparisons.csv"
+        if not path.exists():
+            continue
+        rows = list(csv.DictReader(open(path)))
+        keyed = {(r["setting"], r["method"], r["metric"].split("/")[-1]): r for r in rows}
+        for s, m in dict.fromkeys((r["setting"], r["method"]) for r in rows):
+            ref = next(r["reference"] for r in rows if r["method"] == m)
+            lines.append(f"| `{sweep}` | {setting(s)} | {m} vs {ref} | {cell(keyed.get((s, m, 'rounds_to_target')), 1)} | "
+                         f"{cell(keyed.get((s, m, 'test_accuracy_at_best_val')), 3)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(Path(sys.argv[1] if len(sys.argv) > 1 else "reports")))
