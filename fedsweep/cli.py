@@ -1,4 +1,4 @@
-"""Command line: ``fedsweep run | tune | report | config | bench | algorithms | datasets``.
+"""Command line: ``fedsweep run | tune | report | ui | log | config | bench | algorithms | datasets``.
 
 User errors (bad keys, values, missing files) print one line and exit with status 2, before any
 training starts; no traceback.
@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--all", action="store_true", help="with --dry-run: print every row of the trial table")
     t.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     t.add_argument("--restart", action="store_true", help="discard an unfinished sweep and start over")
+    t.add_argument("--no-report", action="store_true", help="do not run `fedsweep report` at the end (by default a "
+                   "sweep whose trials all ended writes ./reports/<name>/ and logs it onto its MLflow parent run; "
+                   "FEDSWEEP_NO_REPORT=1 does the same as --no-report)")
     t.add_argument("--address", metavar="ADDR", help="an existing Ray cluster (e.g. 127.0.0.1:6379 after "
                    "`ray start --head`); default: start a local Ray instance")
     t.add_argument("--storage", metavar="DIR|URI", help="where Ray Tune keeps the sweep's state and each trial its "
@@ -69,6 +72,19 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="tables and plots of a finished sweep, read from MLflow")
     rp.add_argument("sweep", help="the sweep YAML that was run")
     rp.add_argument("--out", metavar="DIR", help="output folder (default ./reports/<sweep name>)")
+
+    u = sub.add_parser("ui", help="the MLflow UI on fedsweep's store, at an address that opens the runs",
+                       epilog="with a sweep file (or run config): its MLflow store and experiment; without: "
+                              "$MLFLOW_TRACKING_URI, else ./mlflow.db, every experiment that holds runs. exit status: "
+                              "0 stopped with Ctrl-C, 2 no store there, the port taken, or the UI did not start")
+    u.add_argument("sweep", nargs="?", help="a sweep file or run config whose runs to open")
+    u.add_argument("--backend-store-uri", metavar="URI", help="the MLflow store (default: the sweep file's, else "
+                   "$MLFLOW_TRACKING_URI, else sqlite:///$PWD/mlflow.db)")
+    u.add_argument("--experiment", metavar="NAME", help="the experiment to open (default: the sweep's, else all)")
+    u.add_argument("--run", metavar="RUN_ID", help="print the address of this run's page too")
+    u.add_argument("--port", type=int, metavar="N", help="the port to serve on (default: a free one)")
+    u.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
+                   "machine only; 0.0.0.0 lets others reach it)")
 
     b = sub.add_parser("bench", help="rounds per second of both engines, side by side")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -116,7 +132,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
     command that works: ``--resume`` when the sweep's record and Ray Tune's are whole, else
     ``--restart``), MLflow records kept on disk, where Ray's logs are kept if something went wrong,
     and what to run next."""
-    from fedsweep.runs.tracking import ui_command, ui_url
+    from fedsweep.runs.tracking import ui_command
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
     lines = [f"sweep stopped: {result['stopped_by']}"] if result.get("stopped_by") else []
     if result["unfinished"]:
@@ -147,8 +163,7 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
     if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed") or result.get("stopped_by")):
         lines.append(f"Ray's logs of it: {result['ray_session']}/logs")
     lines += [f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}",
-              f"compare the trials:  {ui_command(result['tracking_uri'])}",
-              *([f"           and open:  {ui_url(result['experiment_id'])}"] if result.get("experiment_id") else []),
+              f"compare the trials:  {ui_command(result['tracking_uri'], sweep=sweep_path)}",
               f"report:              fedsweep report {sweep_path}"]
     return "\n".join(lines)
 
@@ -203,9 +218,16 @@ def _dispatch(args) -> int:
         if args.dry_run:
             return 0
         print(sweep_outcome(result, args.sweep))
-        return tune_status(result)
+        status = tune_status(result)
+        if status in (0, 4) and not args.no_report and os.environ.get("FEDSWEEP_NO_REPORT", "") in ("", "0"):
+            _report_after_tune(args.sweep)
+        return status
     if args.command == "report":
         return _report(args)
+    if args.command == "ui":
+        from fedsweep.runs.ui import serve
+        return serve(args.sweep, uri=args.backend_store_uri, experiment=args.experiment, run_id=args.run,
+                     port=args.port, host=args.host)
     if args.command == "bench":
         from fedsweep.runs.bench import main as bench_main
         return bench_main(args)
@@ -227,6 +249,15 @@ def _dispatch(args) -> int:
                 print(f"    algorithm.{key} (default {field.default!r}): {field.description}")
         return 0
     return 1
+
+
+def _report_after_tune(sweep_path: str) -> None:
+    """``tune``'s report of a sweep whose trials all ended: ``fedsweep report`` with its defaults; a
+    report that cannot be made costs one line (the sweep's runs are in MLflow all the same)."""
+    try:
+        _report(argparse.Namespace(sweep=sweep_path, out=None))
+    except ConfigError as e:
+        print(f"fedsweep: the report was not made: {e}", file=sys.stderr)
 
 
 def _report(args) -> int:

@@ -79,6 +79,14 @@ def resumed_run(raw: dict, tmp_path, stop: int):
 
 
 @pytest.fixture(autouse=True)
+def no_report_after_tune(monkeypatch):
+    """`fedsweep tune` reports at its end unless FEDSWEEP_NO_REPORT=1 (= --no-report): off in tests,
+    whose sweeps are there for something else (~3 s each, 50 sweeps); the tests of that report turn
+    it back on (monkeypatch.delenv)."""
+    monkeypatch.setenv("FEDSWEEP_NO_REPORT", "1")
+
+
+@pytest.fixture(autouse=True)
 def torch_state():
     """Each test starts from torch's global RNG seeded, so a test that draws from it (test data made
     with ``torch.randn``) sees the same numbers whichever tests ran before it and however many draws

@@ -56,6 +56,26 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
     # 2 methods x 2 values of the setting rho; each best config on seeds 10 and 11
     assert "then a confirm stage: 8 trials, the selected config of each of 4 (method, setting) pairs on each of " \
            "seeds 10, 11" in out
+    # 2 seeds: a comparison with censored rounds to target can never reach p < 0.05 (2 / 2^2 = 0.5)
+    assert "note: with 2 confirm seeds, a comparison of rounds to target in which some run never reaches the " \
+           "target (judged by the signed-rank test) cannot be called: its smallest p is 0.5" in out
+    assert main(["tune", write(tmp_path, confirm={"seeds": [10, 11, 12, 13, 14, 15]}), "--dry-run"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_confirm_trials_are_packed_as_the_tuning_ones_into_enough_packs_for_every_slot(tmp_path):
+    from fedsweep.sweep.confirm import confirm_units
+    planned = [{"index": 100 + i, "config_id": f"c{i // 5}",
+                "run": {"seed": 10 + i % 5, "algorithm": {"name": "fedavg" if i < 15 else "fedprox"},
+                        "local": {"lr": 0.1}}} for i in range(30)]
+    units = lambda **over: confirm_units(load_sweep(write(tmp_path, **over)), planned, slots=2)   # noqa: E731
+    assert units() == [[p["index"]] for p in planned]                        # no pack: one trial each
+    by_seeds = units(pack="seeds")
+    assert sorted(map(sorted, by_seeds)) == [list(range(100 + 5 * c, 105 + 5 * c)) for c in range(6)]
+    big = units(pack=36)                                   # not one pack of 30: each of 2 slots gets work
+    assert sorted(i for u in big for i in u) == list(range(100, 130)) and len(big) >= 2
+    assert all(len(u) <= 15 for u in big)
+    assert len(units(pack=4)) >= 30 // 4
 
 
 @pytest.mark.slow   # the protocol end to end, confirm stage included, is tests/test_selection.py's A/A sweep

@@ -126,7 +126,8 @@ def test_an_a_a_pair_reads_no_difference_and_a_worse_arm_worse(tmp_path, monkeyp
                      "local": {"steps": 3, "batch_size": 10, "lr": 0.1}, "eval": {"every": 1, "target_accuracy": 0.7}},
             "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
             "grid": {"local.lr": [0.05, 0.1]},
-            "seeds": [0], "confirm": {"seeds": [10, 11, 12, 13]}, "max_concurrent": 2}
+            "seeds": [0], "confirm": {"seeds": [10, 11, 12, 13]}, "max_concurrent": 2,
+            "pack": 4}   # the confirm stage packed too (its 12 runs in packs of up to 4: the same numbers)
     (tmp_path / "aa.yaml").write_text(yaml.safe_dump(spec))
     assert main(["tune", str(tmp_path / "aa.yaml")]) == 0
     assert main(["report", str(tmp_path / "aa.yaml")]) == 0

@@ -4,8 +4,11 @@
     python docs/results/verdicts.py reports        # the folder holding reports/<sweep>/comparisons.csv
 
 One row per (sweep, setting, method) compared with its sweep's reference: rounds to target and the
-accuracy the runs are scored by (test, at each run's best validation round), each as `verdict:
-difference [95% CI]` over the confirm seeds, paired by seed, Holm-adjusted within its sweep.
+accuracy the runs are scored by (test, at each run's best validation round), each as `verdict
+difference [95% CI], p` over the confirm seeds, paired by seed. The CI is the unadjusted 95% interval of
+the paired difference; p is Holm-adjusted over every comparison of its sweep, and the verdict reads p
+(and, for rounds, the resolution set by eval.every), so a CI may exclude 0 where the verdict is
+`no difference`.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ def cell(row: dict | None, digits: int) -> str:
         return verdict
     diff, low, high = (float(row[k]) for k in ("difference", "ci_low", "ci_high"))
     text = f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+    p = float(row["p_adjusted"]) if row["p_adjusted"] not in ("", "nan") else None
     censored = int(row.get("censored_method") or 0) + int(row.get("censored_reference") or 0)
-    return f"**{verdict}** {text}" + (f" ({censored} censored)" if censored else "")
+    return f"**{verdict}** {text}" + (f", p = {p:.2g}" if p is not None else "") + \
+        (f" ({censored} censored)" if censored else "")
 
 
 def setting(text: str) -> str:

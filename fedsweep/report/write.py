@@ -59,7 +59,7 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                  relative_target: float | None = None, sampled_keys: Sequence[str] = (),
-                 random_first: int | None = None, resolution: float | None = None) -> Path:
+                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True) -> Path:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.report.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
@@ -69,7 +69,9 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     evaluations (``eval.every``; default 1), below which a difference in rounds to target is not called.
     ``relative_target``: count rounds to this
     fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target.
-    ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``)."""
+    ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``).
+    ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.report.parent`;
+    a store that refuses it costs one line, not the report)."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
@@ -219,7 +221,27 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
                              for e, g in sorted(failed.groupby("error"), key=lambda x: -len(x[1]))]), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
+    if to_parent:
+        _log_to_parent(runs.client, trials, out, best, lines)
     return path
+
+
+def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str]) -> None:
+    import sys
+
+    from mlflow.exceptions import MlflowException
+
+    from fedsweep.report.parent import log_to_parent, note_text, parent_run_id
+    run_id = parent_run_id(trials)
+    if run_id is None:
+        return
+    try:
+        log_to_parent(client, run_id, out, best, note_text(lines))
+        print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and artifacts "
+              f"(report/), each method's selected result as its metrics")
+    except (MlflowException, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        print(f"report: written to {out}, but not onto the sweep's MLflow parent run {run_id} ({first})", file=sys.stderr)
 
 
 def _splits_text(split: str, best: pd.DataFrame) -> str:

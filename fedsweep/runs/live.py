@@ -59,6 +59,10 @@ class LiveRun:
         self.identity["tracking_uri"] = self.uri
         if self.writer.drain(START_WAIT_S):
             self.identity["mlflow_run_id"] = self.writer.run_id(KEY)
+            from fedsweep.runs.tracking import ui_command
+            print(f"MLflow run {self.identity['mlflow_run_id']}: watch it train with:  "
+                  f"{ui_command(self.uri, experiment=self.cfg.mlflow.experiment, run_id=self.identity['mlflow_run_id'])}",
+                  flush=True)
             return
         failure = self.writer.failure
         if failure is not None and failure[1]:
@@ -141,7 +145,7 @@ def end_run(live: LiveRun, module, summary: dict, out) -> None:
     """The run's last MLflow writes (:meth:`fedsweep.runs.live.LiveRun.finish`) and the lines saying
     where the run is: the summary gets ``mlflow_run_id``, or ``mlflow_unlogged`` (the folder its
     records are kept in, '' where none could keep them) when the store did not take it."""
-    from fedsweep.runs.tracking import ui_command, ui_url
+    from fedsweep.runs.tracking import ui_command
     cfg, uri = live.cfg, live.uri
     try:
         files = artifact_bytes(cfg, module, summary)
@@ -167,8 +171,7 @@ def end_run(live: LiveRun, module, summary: dict, out) -> None:
         experiment_id, run_id = ended
         summary["mlflow_run_id"], summary["mlflow_tracking_uri"] = run_id, uri
         print(f"logged to MLflow run {run_id} (experiment {cfg.mlflow.experiment!r})\n"
-              f"open it with:  {ui_command(uri)}\n"
-              f"    and open:  {ui_url(experiment_id, run_id)}", file=out)
+              f"open it with:  {ui_command(uri, experiment=cfg.mlflow.experiment, run_id=run_id)}", file=out)
 
 
 def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:

@@ -212,16 +212,31 @@ def check_existing_store(uri: str | None = None, *, key: str | None = None) -> s
     return resolved
 
 
-def ui_command(uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+def ui_command(uri: str, *, sweep: str | None = None, experiment: str | None = None,
+               run_id: str | None = None) -> str:
+    """The command that opens these runs in the MLflow UI (:mod:`fedsweep.runs.ui`): a sweep file names
+    its store and experiment; otherwise the store and experiment are spelled out. A store that is
+    an MLflow server is its own UI: its address is the answer."""
+    if uri.split(":", 1)[0].lower() in ("http", "https"):
+        return f"{uri.rstrip('/')}/#/experiments (the store's own UI)"
+    import shlex
+    if sweep is not None:
+        default = resolve_tracking_uri(None) == uri   # the store fedsweep ui finds by itself, run from here
+        return f"fedsweep ui {shlex.quote(sweep)}" + ("" if default else f" --backend-store-uri {uri}")
+    words = ["fedsweep", "ui", "--backend-store-uri", uri]
+    if experiment is not None:
+        words += ["--experiment", experiment]
+    if run_id is not None:
+        words += ["--run", run_id]
+    return shlex.join(words)
 
 
-def ui_url(experiment_id: str, run_id: str | None = None, port: int = 5000) -> str:
+def ui_url(experiment_id: str, run_id: str | None = None, port: int = 5000, host: str = "127.0.0.1") -> str:
     """The page of ``mlflow ui`` that shows an experiment's runs (or one run). MLflow 3.17 opens an
     experiment on its GenAI overview (traces: none here) unless the address asks for the model-training
     view (``workflowType``), whatever the experiment's tags say; the choice then sticks in the browser."""
     page = f"runs/{run_id}" if run_id else "runs"
-    return f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"
 
 
 def _artifact_root(uri: str) -> str | None:

@@ -37,6 +37,15 @@ FLUSH_SECONDS = 10.0
 SWEEPS: dict[str, object] = {}
 
 
+def config_label(payload: dict) -> str:
+    """A trial's config in words, without its seed (its run name less the seed: ``fedlga ρ0.5 ηl0.1
+    ηg1``; a confirm run's ends in ``confirm``): the ``fedsweep.config`` tag, which the MLflow UI's
+    Group by turns into one row per config with the mean over its seeds."""
+    from fedsweep.config.names import short
+    seed = short("seed", payload["run"].get("seed", 0))
+    return " ".join(w for w in payload.get("name", payload["label"]).split(" ") if w != seed)
+
+
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, store,
                          payloads: list[dict], units: list[list[int]]):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
@@ -132,7 +141,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 self.writer.open_run(run, experiment_id=self.experiment_id, name=info.get("name", info["label"]), tags={
                     "mlflow.parentRunId": self.parent_id, "fedsweep.role": "trial", "fedsweep.sweep": self.sweep,
                     "ray.trial_id": trial.trial_id, "fedsweep.trial": str(index), "fedsweep.method": info["method"],
-                    "fedsweep.config_id": info["config_id"], "fedsweep.status": "running",
+                    "fedsweep.config_id": info["config_id"], "fedsweep.config": config_label(info),
+                    "fedsweep.status": "running",
                     **({"fedsweep.draw": str(info["draw"])} if "draw" in info else {}),   # optuna's draw order
                     **({"fedsweep.stage": info["stage"]} if "stage" in info else {}),     # confirm runs
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1

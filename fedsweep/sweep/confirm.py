@@ -58,6 +58,37 @@ def plan_confirm(sweep: SweepConfig, payloads: list[dict], uri: str, experiment:
     return planned
 
 
+def confirm_units(sweep: SweepConfig, planned: list[dict], slots: int) -> list[list[int]]:
+    """The confirm trials as Tune trials, packed as the tuning trials are (``pack:``; same numbers as
+    one by one, docs/sweeps.md "Packed trials"): ``seeds`` packs each selected config's confirm seeds;
+    a number N packs up to N, but into at least ``slots`` packs (the trials the sweep's resources run
+    at once) where there are that many trials, so that a stage of 30 runs keeps every CPU busy
+    instead of being one pack of 30."""
+    from types import SimpleNamespace
+
+    from fedsweep.sweep.units import pack_units
+    if sweep.pack in (None, 1):
+        return [[p["index"]] for p in planned]
+    trials = [SimpleNamespace(index=p["index"], config=RunConfig(**p["run"]), config_id=p["config_id"])
+              for p in planned]
+    if sweep.pack == "seeds":
+        return pack_units(sweep, trials)
+    size = max(1, min(sweep.pack, -(-len(planned) // max(1, slots))))
+    return pack_units(sweep.model_copy(update={"pack": size}), trials)
+
+
+def concurrent_slots(sweep: SweepConfig) -> int:
+    """How many trials the Ray cluster the sweep runs on takes at once (its CPUs, and GPUs where a
+    trial asks for them, over a trial's share), at most ``max_concurrent``."""
+    import ray
+    have = ray.cluster_resources()
+    slots = [have.get("CPU", 1.0) / sweep.resources.cpu] if sweep.resources.cpu else []
+    if sweep.resources.gpu:
+        slots.append(have.get("GPU", 0.0) / sweep.resources.gpu)
+    n = max(1, int(min(slots))) if slots else 1
+    return min(n, sweep.max_concurrent) if sweep.max_concurrent else n
+
+
 def _drawn(payloads: list[dict], row, uri: str) -> dict:
     """The payload of a config ``searcher: optuna`` drew (its slot's payload holds placeholders until
     then): the slot's, with the config its first run trained, from the run's ``config.yaml``."""

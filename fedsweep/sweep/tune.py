@@ -338,7 +338,7 @@ def _plan_confirm(sweep, payloads, units, store: Storage, state: dict, uri, clie
     them, and every tuning trial has ended), kept in the trials and state files (so `--resume` runs
     exactly it), and its Tune run; None while some tuning trial has not ended (Ctrl-C)."""
     from fedsweep.sweep.callbacks import FINAL_STATUSES, SWEEPS
-    from fedsweep.sweep.confirm import plan_confirm
+    from fedsweep.sweep.confirm import concurrent_slots, confirm_units, plan_confirm
     from fedsweep.sweep.ending import outcomes
     if not SWEEPS[parent_id].writer.drain(grace):
         raise ConfigError("confirm: the MLflow store has not taken every tuning trial's record, and the selected "
@@ -348,13 +348,14 @@ def _plan_confirm(sweep, payloads, units, store: Storage, state: dict, uri, clie
         return None
     planned = plan_confirm(sweep, payloads, uri, experiment)
     first = len(units)
-    units = units + [[p["index"]] for p in planned]
+    units = units + confirm_units(sweep, planned, concurrent_slots(sweep))
     saved = json.loads(store.read_text(TRIALS_FILE))
     store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units,
                                               "confirm_from": [len(payloads), first]}))
     state["stage"] = "confirm"
     store.write_text(STATE_FILE, json.dumps(state))
-    print(f"[sweep] confirm stage: {len(planned)} trials, each method's selected config per setting on seeds "
+    packs = f" in {len(units) - first} packs" if len(units) - first < len(planned) else ""
+    print(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
           f"{', '.join(map(str, sweep.confirm.seeds))}", file=sys.stderr)
     payloads = payloads + planned
     return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
@@ -372,14 +373,16 @@ def _lost_with_its_node(error: RuntimeError) -> bool:
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
                    path: Path, sweep_id: str) -> str:
-    from fedsweep.runs.tracking import log_params
-    run = client.create_run(exp_id, run_name=sweep.name, tags={"fedsweep.role": "sweep", "fedsweep.sweep": sweep.name,
-                                                               "fedsweep.sweep_id": sweep_id})
-    log_params(client, run.info.run_id, {
-        "sweep.trials": len(trials), "sweep.seeds": sweep.seeds,
-        "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,
-        "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
-        **({"sweep.search": search_summary(sweep)} if sweep.search is not None else {})})
+    # What the sweep is, as tags, not params: the MLflow UI offers every param of the runs shown in
+    # its pickers (Compare, charts, Group by), where the parent's grid would stand beside, and before,
+    # the children's own keys with no value for them.
+    described = {"sweep.trials": len(trials), "sweep.seeds": sweep.seeds,
+                 "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,
+                 "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
+                 **({"sweep.search": search_summary(sweep)} if sweep.search is not None else {})}
+    run = client.create_run(exp_id, run_name=sweep.name, tags={
+        "fedsweep.role": "sweep", "fedsweep.sweep": sweep.name, "fedsweep.sweep_id": sweep_id,
+        **{k: str(v)[:8000] for k, v in described.items()}})
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))

@@ -1,0 +1,89 @@
+"""The report on the sweep's MLflow parent run: where users compare, the answer is one row.
+
+``fedsweep report`` (and ``tune`` at its end) logs the report's files under the parent run's
+``report/`` artifacts (report.md, its plots, trials.csv, comparisons.csv), its selected result per
+method and setting as the parent's metrics, and the best-config table as the run's description (the
+MLflow UI shows it on the run's page). Metric names: ``<method>[ <setting>]/<what>``, the setting in
+the short form of run names (``fedlga ρ0.5/rounds_to_target``), so that the runs table's columns
+group them by method; values are rounded to 4 significant digits (the UI shows them whole).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+#: The report's files that go onto the parent run (the plots: every PNG it wrote).
+FILES = ("report.md", "trials.csv", "comparisons.csv")
+#: MLflow 3.17 keeps a tag value (the description) up to this many characters.
+NOTE_LIMIT = 8000
+
+
+def parent_run_id(trials: pd.DataFrame) -> str | None:
+    """The sweep's parent run: that of its newest trial (an older parent, of a sweep started over,
+    holds older trials)."""
+    have = trials.dropna(subset=["parent_run_id"])
+    if have.empty:
+        return None
+    return str(have.sort_values("start_time").iloc[-1]["parent_run_id"])
+
+
+def metric_name(method: str, setting: str, what: str) -> str:
+    import re
+    name = f"{method} {setting}/{what}" if setting else f"{method}/{what}"
+    return re.sub(r"[^/\w.\- :]", "_", name)    # what MLflow allows in a metric's name
+
+
+def selected_metrics(best: pd.DataFrame) -> dict[str, float]:
+    """Each method's selected config per setting: its scored accuracy and rounds to target (means
+    over the seeds it is scored on), as parent metrics."""
+    from fedsweep.config.names import short
+    settings = best.attrs["settings"]
+    out = {}
+    for _, r in best.iterrows():
+        setting = " ".join(short(k, r[k]) for k in settings if k in r and not _missing(r[k]))
+        for what, column in (("test_accuracy", "acc_ci"), ("rounds_to_target", "rtt_ci")):
+            interval = r.get(column)
+            if interval is not None and not _missing(interval.mean):
+                out[metric_name(r["method"], setting, what)] = float(f"{interval.mean:.4g}")
+        out[metric_name(r["method"], setting, "seeds_reached_target")] = float(r["reached"])
+    return out
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: str) -> None:
+    """Replace the parent run's ``report/`` artifacts with ``out_dir``'s files, log the selected
+    results as metrics and ``note`` (markdown) as its description."""
+    import tempfile
+
+    from mlflow.entities import Metric, RunTag
+    out_dir = Path(out_dir)
+    files = [out_dir / f for f in FILES if (out_dir / f).exists()] + sorted(out_dir.glob("*.png"))
+    with tempfile.TemporaryDirectory(prefix="fedsweep-report-") as tmp:   # only the report's own files
+        for f in files:
+            (Path(tmp) / f.name).write_bytes(f.read_bytes())
+        client.log_artifacts(run_id, tmp, artifact_path="report")
+    import time
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in selected_metrics(best).items()]
+    if len(note) > NOTE_LIMIT:
+        note = note[:NOTE_LIMIT - 80].rsplit("\n", 1)[0] + "\n\n… (cut: the whole report is report/report.md)"
+    for i in range(0, len(metrics), 1000):   # MLflow takes 1,000 metrics a call
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    client.log_batch(run_id, tags=[RunTag("mlflow.note.content", note), RunTag("fedsweep.report", "report/report.md")])
+
+
+def note_text(lines: list[str]) -> str:
+    """The parent run's description: the report's text down to its all-configs table, without the
+    images (the run's artifacts hold them, under report/)."""
+    kept = []
+    for line in lines:
+        if line.startswith("## All configs"):
+            break
+        if not line.startswith("!["):
+            kept.append(line)
+    return "\n".join(kept).strip() + "\n\nThe whole report, its plots and tables: this run's artifacts, report/."

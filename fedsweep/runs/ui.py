@@ -1,0 +1,192 @@
+"""``fedsweep ui``: the MLflow UI on the store fedsweep writes to, at an address that opens the runs.
+
+``mlflow ui`` alone needs the store spelled out, takes port 5000 whatever is on it, and a fresh
+browser that opens an experiment from MLflow's list lands on its GenAI overview (MLflow 3.17 opens
+the model-training view only when the address asks for it: ``workflowType=machine_learning``). This
+starts ``mlflow ui`` on the store a sweep file (or ``run`` config, ``$MLFLOW_TRACKING_URI`` or
+``./mlflow.db``) names, on a free port unless told one, waits until it answers, prints the addresses
+that open each experiment's runs with the real port, and stops it, with every process it started,
+on Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedsweep.config.schema import ConfigError
+
+START_TIMEOUT_S = 120.0   # MLflow's import and its server's workers take 5-15 s on 2 busy cores
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port(host: str, port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); another program "
+                              f"(another MLflow UI?) has it: leave --port out for a free one") from None
+
+
+def target_store(target: str | None, uri: str | None, experiment: str | None) -> tuple[str | None, str | None]:
+    """The store and experiment named by ``fedsweep ui``'s arguments: ``--backend-store-uri`` and
+    ``--experiment`` first, else a sweep file's (its ``mlflow:`` section, or its base's) or a run
+    config's ``mlflow.tracking_uri`` and experiment."""
+    if target is None:
+        return uri, experiment
+    path = Path(target)
+    if not path.is_file():
+        raise ConfigError(f"{target}: no such file; give a sweep file or run config (its MLflow store and "
+                          f"experiment are opened), or leave it out for $MLFLOW_TRACKING_URI or ./mlflow.db")
+    from fedsweep.config.schema import load_yaml
+    raw = load_yaml(path) or {}
+    if isinstance(raw.get("base"), dict):   # a sweep file
+        from fedsweep.sweep.spec import load_sweep
+        sweep = load_sweep(path)
+        return (uri or sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"),
+                experiment or sweep.mlflow.experiment or sweep.name)
+    from fedsweep.config.schema import build_config
+    cfg = build_config(raw, [])
+    return uri or cfg.mlflow.tracking_uri, experiment or cfg.mlflow.experiment
+
+
+def experiment_pages(uri: str, experiment: str | None, port: int, host: str) -> list[tuple[str, str]]:
+    """(experiment name, address of its runs) for the named experiment, else every experiment that
+    holds runs (newest first)."""
+    from mlflow import MlflowClient
+
+    from fedsweep.runs.tracking import ui_url
+    client = MlflowClient(tracking_uri=uri)
+    if experiment is not None:
+        found = client.get_experiment_by_name(experiment)
+        if found is None or found.lifecycle_stage != "active":
+            names = sorted(e.name for e in client.search_experiments())
+            shown = ", ".join(repr(n) for n in names[:20]) or "none"
+            raise ConfigError(f"experiment {experiment!r}: not in the store {uri} ({'deleted' if found else 'no such'}"
+                              f" experiment); it holds: {shown}")
+        return [(found.name, ui_url(found.experiment_id, port=port, host=host))]
+    found = client.search_experiments(order_by=["last_update_time DESC"])
+    with_runs = [e for e in found if client.search_runs([e.experiment_id], max_results=1)]
+    return [(e.name, ui_url(e.experiment_id, port=port, host=host)) for e in with_runs]
+
+
+def run_page(uri: str, run_id: str, port: int, host: str) -> tuple[str, str]:
+    """(run name, address of its page)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from fedsweep.runs.tracking import ui_url
+    try:
+        run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    except MlflowException:
+        raise ConfigError(f"--run {run_id}: no such run in the store {uri}") from None
+    return f"run {run.info.run_name}", ui_url(run.info.experiment_id, run_id, port=port, host=host)
+
+
+def serve(target: str | None = None, *, uri: str | None = None, experiment: str | None = None,
+          run_id: str | None = None, port: int | None = None, host: str = "127.0.0.1", ready=None, out=sys.stdout) -> int:
+    """Start ``mlflow ui``, print where to open it, wait for Ctrl-C (or SIGTERM), stop it. ``ready``:
+    called with the first address once the UI answers (tests)."""
+    from fedsweep.runs.tracking import check_existing_store, quiet_store_logs
+    uri, experiment = target_store(target, uri, experiment)
+    key = "--backend-store-uri" if uri else None
+    resolved = check_existing_store(uri, key=key)
+    if resolved.split(":", 1)[0].lower() in ("http", "https"):   # the store is a server: its UI is there
+        print(f"the store {resolved} is an MLflow server: its UI is that address; open it in a browser", file=out)
+        return 0
+    if port is None:
+        port = free_port(host)
+    else:
+        check_port(host, port)
+    quiet_store_logs()
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host   # an address a browser here opens
+    pages = experiment_pages(resolved, experiment, port, shown)
+    if run_id is not None:
+        pages = [run_page(resolved, run_id, port, shown)] + pages
+    cwd = Path(resolved[len("sqlite:///"):].split("?", 1)[0]).parent if resolved.startswith("sqlite:///") else None
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", resolved, "--host", host, "--port", str(port)]
+    print(f"starting the MLflow UI on {resolved} (port {port}) ...", file=out, flush=True)
+    server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        _wait_until_up(server, shown, port)
+        home = f"http://{shown}:{port}/"
+        if pages:
+            width = max(len(name) for name, _ in pages[:10])
+            for name, url in pages[:10]:
+                print(f"open:  {url}   ({name:<{width}})" if len(pages) > 1 else f"open:  {url}   ({name})", file=out)
+            if len(pages) > 10:
+                print(f"       ... and {len(pages) - 10} more experiments: {home}", file=out)
+        else:
+            print(f"open:  {home}   (the store holds no runs yet)", file=out)
+        print("stop it with Ctrl-C", file=out, flush=True)
+        if ready is not None:
+            ready(pages[0][1] if pages else home)
+        while server.poll() is None:
+            time.sleep(0.5)
+        raise ConfigError(f"the MLflow UI stopped by itself (exit {server.returncode}): {_tail(server)}")
+    except KeyboardInterrupt:
+        print("stopping the MLflow UI ...", file=out, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop(server)
+
+
+def _wait_until_up(server: subprocess.Popen, host: str, port: int) -> None:
+    import urllib.request
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2)
+            return
+        except OSError:
+            if server.poll() is not None:
+                raise ConfigError(f"the MLflow UI did not start (exit {server.returncode}): {_tail(server)}") from None
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the MLflow UI did not answer on port {port} within {START_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.3)
+
+
+def _tail(server: subprocess.Popen) -> str:
+    try:
+        text = server.stderr.read() if server.poll() is not None else ""
+    except (OSError, ValueError):
+        text = ""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no message"
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """The UI and every process it started (its own session: uvicorn's workers), by the group's id."""
+    if server.poll() is None:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    else:   # the leader is gone; its workers may not be
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
