@@ -61,7 +61,8 @@ def test_run_writes_json_and_mlflow(tmp_path, tmp_mlflow, capsys):
         assert key in summary
     assert summary["rounds"] == 3 and summary["rounds_to_target"] == 1
     printed = capsys.readouterr()
-    assert "best test accuracy" in printed.out and "mlflow ui --backend-store-uri" in printed.out
+    assert "best test accuracy" in printed.out and "open it with:  fedsweep ui --backend-store-uri" in printed.out
+    assert "watch it train with:  fedsweep ui --backend-store-uri" in printed.out.splitlines()[0]   # before round 1
     assert "round    3/3" in printed.err
     assert "vectorized engine (auto) on cpu" in printed.err              # engine: auto, an MLP
 

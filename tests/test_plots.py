@@ -57,3 +57,28 @@ def test_a_plot_over_the_kept_background_is_a_full_draw_pixel_for_pixel(tmp_path
     from PIL import Image
     assert Image.open(tmp_path / "second.png").mode == "RGB"         # opaque: written without alpha
     assert (_pixels(tmp_path / "second.png") != _pixels(tmp_path / "first.png")).any()
+
+
+def test_each_method_has_one_colour_in_every_plot(tmp_path: Path):
+    """Every algorithm has its own colour, the same in every report whichever methods it holds, and
+    a run's curves.png draws in it (refilled after another method's, as a new figure would)."""
+    import matplotlib.colors as mcolors
+
+    from fedsweep.algorithms import available
+    from fedsweep.report.plots import _colors
+    from fedsweep.runs.plots import METHOD_COLORS, method_color
+    assert set(METHOD_COLORS) == set(available()) and len(set(METHOD_COLORS.values())) == len(METHOD_COLORS)
+    assert _colors(["fedavg", "fedlga"])["fedavg"] == _colors(["scaffold", "fedavg"])["fedavg"] == "#1f77b4"
+    assert method_color("fedlga_damped") == method_color("fedlga_damped") not in METHOD_COLORS.values()
+    curves_png(_history(30, 1.0), tmp_path / "avg.png", method="fedavg")
+    curves_png(_history(30, 1.0), tmp_path / "lga.png", method="fedlga")
+    subprocess.run([sys.executable, "-c", f"""
+from pathlib import Path
+from tests.test_plots import _history
+from fedsweep.runs.plots import curves_png
+curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}), method="fedlga")
+"""], check=True, cwd=Path(__file__).parent.parent)
+    assert (tmp_path / "lga.png").read_bytes() == (tmp_path / "fresh.png").read_bytes()
+    red = tuple(round(255 * c) for c in mcolors.to_rgb(METHOD_COLORS["fedlga"]))
+    pixels = {tuple(p) for p in _pixels(tmp_path / "lga.png")[..., :3].reshape(-1, 3)}
+    assert red in pixels and red not in {tuple(p) for p in _pixels(tmp_path / "avg.png")[..., :3].reshape(-1, 3)}

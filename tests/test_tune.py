@@ -58,6 +58,7 @@ def finished_sweep(tmp_path_factory):
         for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
             mp.delenv(var, raising=False)
         mp.chdir(tmp)
+        mp.delenv("FEDSWEEP_NO_REPORT", raising=False)   # tune ends with its report (on the parent run too)
         # 8 trials at once on 2 cores: only the driver writes MLflow, so nothing may be lost
         path = write_sweep(tmp / "tiny.yaml", "tiny", seeds=[0, 1], max_concurrent=8,
                            resources={"cpu": 0.25})
@@ -73,6 +74,23 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     (parent,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
     assert client.get_run(parent).data.tags["fedsweep.role"] == "sweep"
     assert client.get_run(parent).data.params == {}     # nothing for the UI's pickers to offer beside the children's
+    # tune's report, on the parent: each method's selected result as metrics, the report as artifacts
+    # and as the run's description
+    sweep_run = client.get_run(parent)
+    assert sweep_run.data.metrics["fedlga/test_accuracy"] == pytest.approx((0.1889 + 0.1694) / 2, abs=1e-3)
+    assert sweep_run.data.metrics["fedlga/seeds_reached_target"] == 2
+    assert {"report/report.md", "report/trials.csv", "report/comparisons.csv", "report/accuracy_curves.png"} <= \
+        {a.path for a in client.list_artifacts(parent, "report")}
+    assert sweep_run.data.tags["mlflow.note.content"].startswith("# Sweep report: tiny")
+    assert (tmp / "reports" / "tiny" / "report.md").exists()
+    # the children's seedless config, which the UI's Group by turns into one row per config
+    assert {(r.data.tags["fedsweep.config"], r.info.run_name) for r in runs} == {
+        (f"{m} ηl{lr}", f"{m} ηl{lr} s{seed}") for m in ("fedavg", "fedlga") for lr in ("0.1", "1e+30") for seed in (0, 1)}
+    from fedsweep.sweep.view import TAG_PREFIX, read_view
+    view = read_view(client.get_experiment_by_name("tiny").tags[TAG_PREFIX + "fedsweep-tiny"])
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "fedsweep.config"}]
+    assert view["selectedColumns"] == ["metrics.`best/test_accuracy`", "metrics.`summary/rounds_to_target`",
+                                       "params.`algorithm.name`", "params.`local.lr`"]
     assert {k: v for k, v in client.get_run(parent).data.tags.items() if k.startswith("sweep.")} == {
         "sweep.trials": "8", "sweep.seeds": "[0, 1]", "sweep.methods": "fedavg,fedlga", "sweep.pack": "None",
         "sweep.units": "8", "sweep.grid.local.lr": "[0.1, 1e+30]"}
@@ -862,74 +880,166 @@ def test_ray_messages_on_the_terminal_are_one_short_line():
     assert len(short_cause(long)) == 160 and short_cause(long).endswith("…")
 
 
-def test_the_mlflow_ui_shows_the_sweep_as_a_tree_of_distinct_runs(finished_sweep):
-    """What a user sees in a real browser: `mlflow ui` on the sweep's store, opened at the address
-    `fedsweep tune` prints, in Debian's chromium driven by Playwright. The experiment opens on its runs
-    (not MLflow 3's GenAI overview), the parent expands into its children, each with its own name and
-    the data it used, and a child's page draws its test accuracy and shows its artifacts."""
+def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live_run(finished_sweep, tmp_path):
+    """What a user sees in a real browser (Debian's chromium driven by Playwright) at the addresses
+    `fedsweep ui SWEEP` prints: the sweep's view is one row per config with the mean of its seeds'
+    metric; README's recipes (Views -> the sweep's view; or Group by -> fedsweep.config) give the same
+    rows from the plain runs page, which opens on runs (not MLflow 3's GenAI overview); the sweep's
+    run holds the report (report.md and its plots, the report as its description); and a run that is
+    still training shows its metrics. FEDSWEEP_SCREENSHOTS=DIR keeps the screenshots docs/sweeps.md uses."""
     import shutil
     import signal
-    import socket
     import subprocess
     import sys
     import time
-    import urllib.request
 
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("no chromium: the README's set-up installs Debian's (apt-get install chromium)")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     from fedsweep.runs.tracking import ui_url
-    tmp, uri, _ = finished_sweep
+    tmp, uri, path = finished_sweep
     client, runs = trial_runs(uri, "tiny")
-    exp_id = client.get_experiment_by_name("tiny").experiment_id
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                           "--port", str(port)], start_new_session=True, cwd=tmp,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shots = os.environ.get("FEDSWEEP_SCREENSHOTS")
+    by_config = {}
+    for r in runs:
+        if "best/test_accuracy" in r.data.metrics:
+            by_config.setdefault(r.data.tags["fedsweep.config"], []).append(r.data.metrics["best/test_accuracy"])
+    assert len({r.data.tags["fedsweep.config"] for r in runs}) == 4 and len(by_config) >= 2
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", path], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp, env=env)
+    live = None
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert ui.poll() is None and time.time() < deadline, "mlflow ui did not start"
-                time.sleep(0.5)
+        lines, deadline = [], time.time() + 120
+        while not lines or not lines[-1].startswith("stop it with Ctrl-C"):
+            line = ui.stdout.readline()
+            assert line or ui.poll() is None, "\n".join(lines)
+            lines.append(line.strip())
+            assert time.time() < deadline, lines
+        view, parent_page, every = [w for line in lines[1:] for w in line.split() if w.startswith("http://")]
+        assert "viewStateShareKey=fedsweep-tiny" in view and "one row per config" in lines[1], lines
+        port = int(view.split(":")[2].split("/")[0])
+        # a run that trains while the browser looks at it (its MLflow run is made before round 1)
+        live = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "run", path, "--set", "rounds=100000",
+                                 "--set", "eval.every=1", "--set", "mlflow.experiment=live", "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp, env=env,
+                                start_new_session=True)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium)
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.goto(ui_url(exp_id, port=port))
+            page = None
+
+            def open_page(url):   # a new tab: MLflow's app does not reload from a shared view to a plain address
+                nonlocal page
+                if page is not None:
+                    page.close()
+                page = browser.new_page(viewport={"width": 1440, "height": 900})
+                page.goto(url)
+
+            def group_rows(expect=4):
+                """{config: the text of its group's row}: the grid draws a row's pinned and scrolled
+                parts as separate .ag-row elements with the same row-index."""
+                deadline = time.time() + 60
+                while page.locator(".ag-row", has_text="Group:").count() < expect:
+                    assert time.time() < deadline, page.locator(".ag-row").all_inner_texts()
+                    time.sleep(0.5)
+                time.sleep(1)
+                rows = {}
+                for r in page.locator(".ag-row", has_text="Group:").all():
+                    label = next(t for t in r.inner_text().split("\n") if t.startswith("Group: "))
+                    same = page.locator(f".ag-row[row-index='{r.get_attribute('row-index')}']").all_inner_texts()
+                    rows[label.removeprefix("Group: ").strip()] = " ".join(same).replace("\n", " ")
+                return rows
+
+            def close_assistant():
+                if page.get_by_role("button", name="Close").count():
+                    page.get_by_role("button", name="Close").first.click()
+
+            open_page(view)
+            rows = group_rows()
+            close_assistant()
+            assert set(rows) == {r.data.tags["fedsweep.config"] for r in runs}, rows   # one row per config
+            for config, values in by_config.items():   # ... with the mean over its seeds
+                mean = sum(values) / len(values)
+                shown = [float(w) for w in rows[config].split() if w.replace(".", "", 1).isdigit() and "." in w]
+                assert any(abs(v - mean) < 1e-6 for v in shown), (config, mean, rows[config])
+            if shots:
+                page.screenshot(path=os.path.join(shots, "mlflow_by_config.png"))
+
+            open_page(every)    # every run: the parent expands into its children, each named and with its data
             parent = page.locator(".ag-row", has_text="tiny").first
             parent.wait_for(timeout=60_000)
             assert page.get_by_text("Run Name", exact=True).count() and not page.get_by_text("Token Usage").count()
-            parent.locator("button").first.click()                  # expand the sweep's parent run
+            close_assistant()
+            parent.locator("button").first.click()
             page.locator(".ag-row", has_text="fedavg").first.wait_for(timeout=30_000)
-            shown = " | ".join(r.inner_text() for r in page.locator(".ag-row").all())
-            names = {r.info.run_name for r in runs}
-            assert len(names) == 8 and all(name in shown for name in names), shown
-            assert shown.count("digits classes2 N8") >= 8, shown        # the Dataset column
-
+            shown = " | ".join(page.locator(".ag-row").all_inner_texts())
+            assert all(r.info.run_name in shown for r in runs) and shown.count("digits classes2 N8") >= 8, shown
             child = next(r for r in runs if r.data.tags["fedsweep.status"] == "finished")
-            page.goto(ui_url(exp_id, child.info.run_id, port=port).replace("?", "/model-metrics?"))
-            page.get_by_placeholder("Search metric charts").fill("test/accuracy")
-            page.get_by_text("accuracy", exact=True).first.wait_for(timeout=30_000)   # the chart's title
-            page.locator("svg.main-svg .scatterlayer .trace").first.wait_for(state="attached", timeout=30_000)
-            page.goto(ui_url(exp_id, child.info.run_id, port=port).replace("?", "/artifacts?"))
-            page.get_by_text("curves.png", exact=True).click(timeout=30_000)
-            page.locator("img[alt='curves.png']").wait_for(timeout=30_000)            # shown inline
+            open_page(ui_url(child.info.experiment_id, child.info.run_id, port=port).replace("?", "/artifacts?"))
+            page.get_by_text("curves.png", exact=True).click(timeout=60_000)
+            page.locator("img[alt$='curves.png']").wait_for(timeout=30_000)            # shown inline
             for artifact in ("config.yaml", "metrics.csv", "summary.json"):
                 assert page.get_by_text(artifact, exact=True).count(), artifact
+
+            open_page(every)                  # README: Views -> the sweep's view
+            page.locator(".ag-row").first.wait_for(timeout=60_000)
+            close_assistant()
+            page.get_by_role("button", name="Views").click()
+            page.get_by_text("fedsweep: tiny by config").click()
+            assert set(group_rows()) == set(rows)
+            open_page(every)                  # README: Group by -> fedsweep.config
+            page.locator(".ag-row").first.wait_for(timeout=60_000)
+            close_assistant()
+            page.get_by_role("button", name="Group by").click()
+            page.get_by_placeholder("Search").fill("fedsweep.config")
+            page.get_by_text("fedsweep.config", exact=True).click()
+            page.keyboard.press("Escape")
+            assert set(rows) <= set(group_rows())   # (the parent run falls in a group of its own)
+
+            open_page(parent_page.replace("?", "/artifacts?"))     # the sweep's run: its report
+            page.get_by_text("report", exact=True).first.wait_for(timeout=60_000)
+            close_assistant()
+            page.get_by_text("report", exact=True).first.click(timeout=60_000)
+            page.get_by_text("report.md", exact=True).wait_for(timeout=30_000)
+            page.get_by_text("accuracy_curves.png", exact=True).click()
+            page.locator("img[alt$='accuracy_curves.png']").wait_for(timeout=30_000)
+            if shots:
+                page.screenshot(path=os.path.join(shots, "mlflow_sweep_report.png"))
+            open_page(parent_page)
+            page.get_by_text("Sweep report: tiny").first.wait_for(timeout=30_000)   # its description
+
+            announced = ""
+            while "watch it train" not in announced:   # "MLflow run ID: watch it train with:  fedsweep ui ..."
+                announced = live.stdout.readline()
+                assert announced or live.poll() is None
+            run_id = announced.split()[2].rstrip(":")
+            assert "watch it train with:  fedsweep ui" in announced and f"--run {run_id}" in announced, announced
+            deadline = time.time() + 120
+            while "test/accuracy" not in client.get_run(run_id).data.metrics:
+                assert time.time() < deadline and live.poll() is None
+                time.sleep(1)
+            open_page(ui_url(client.get_run(run_id).info.experiment_id, run_id, port=port)
+                      .replace("?", "/model-metrics?"))
+            page.get_by_placeholder("Search metric charts").wait_for(timeout=60_000)
+            close_assistant()
+            page.get_by_placeholder("Search metric charts").fill("test/accuracy")
+            page.get_by_text("accuracy", exact=True).first.wait_for(timeout=60_000)   # the chart's title
+            page.locator("svg.main-svg .scatterlayer .trace").first.wait_for(state="attached", timeout=60_000)
+            assert client.get_run(run_id).info.status == "RUNNING" and live.poll() is None   # still training
+            if shots:
+                page.screenshot(path=os.path.join(shots, "mlflow_live_run.png"))
             browser.close()
     finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        try:
-            ui.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(ui.pid, signal.SIGKILL)
-            ui.wait()
+        for proc in (live, ui):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    assert ui.returncode == 0 and live.returncode == 130    # both stopped by Ctrl-C, cleanly
 
 
 SEARCH = {"space": {"local.lr": {"loguniform": [0.01, 1.0]}}, "num_samples": 3, "seed": 0}

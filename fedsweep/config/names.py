@@ -34,3 +34,15 @@ def short(key: str, value: Any) -> str:
     if key in VALUE_ONLY:
         return text
     return SHORT_KEYS.get(key, key.rsplit(".", 1)[-1]) + text
+
+
+def config_title(cfg) -> str:
+    """A run's config in one line, for a plot's title: the method and its own settings, the data,
+    then what every FL run sets (``fedlga on digits classes2 N50 · K10 ρ0.5 E5 B10 ηl0.1 ηg1 · s0``)."""
+    flat = cfg.flat()
+    own = [short(k, v) for k, v in flat.items() if k.startswith("algorithm.") and k != "algorithm.name"
+           and k in SHORT_KEYS]
+    data = f"{cfg.data.name} {partition_label(cfg.data.partition.model_dump())} N{cfg.data.num_clients}"
+    work = [short(k, flat[k]) for k in ("clients_per_round", "heterogeneity.rho", "local.steps", "local.batch_size",
+                                        "local.lr", "server.lr") if k in flat and flat[k] is not None]
+    return " · ".join([" ".join([cfg.algorithm.name, *own]) + f" on {data}", " ".join(work), short("seed", cfg.seed)])

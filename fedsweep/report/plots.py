@@ -23,24 +23,8 @@ def _tick_labels(best: pd.DataFrame, groups) -> list[str]:
     return ["\n".join(f"{k.split('.')[-1]}={_fmt_value(rows.iloc[0][k])}" for k in settings) for _, rows in groups]
 
 
-#: One colour per algorithm, the same in every plot of every report (FedAvg is always blue, FedLGA
-#: red), so reports of different sweeps read alike; distinct hues for the methods that meet in one sweep.
-METHOD_COLORS = {
-    "fedavg": "#1f77b4", "fedlga": "#d62728", "scaffold": "#2ca02c", "feddyn": "#9467bd", "fedprox": "#ff7f0e",
-    "fednova": "#8c564b", "fedcm": "#e377c2", "mimelite": "#7f7f7f", "fedsam": "#bcbd22", "fedsoftmax": "#17becf",
-    "clg_sgd": "#393b79", "fedclg_c": "#e6550d", "fedclg_s": "#31a354", "scaffold_plus": "#843c39",
-    "server_only": "#000000", "fedmax": "#7b4173", "fedmax_k": "#637939", "gen_fedavg": "#6baed6"}
-#: For method labels that are not an algorithm's name (``fedlga_damped``), picked by the label's hash.
-OTHER_COLORS = ("#ad494a", "#8ca252", "#bd9e39", "#a55194", "#5254a3", "#6b6ecf", "#e7969c", "#9c9ede",
-                "#cedb9c", "#e7cb94")
-
-
-def method_color(method: str) -> str:
-    import zlib
-    return METHOD_COLORS.get(method) or OTHER_COLORS[zlib.crc32(method.encode()) % len(OTHER_COLORS)]
-
-
 def _colors(methods) -> dict:
+    from fedsweep.runs.plots import method_color
     return {m: method_color(m) for m in methods}
 
 

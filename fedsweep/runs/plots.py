@@ -32,7 +32,7 @@ class _Curves:
         (self.acc,) = ax_acc.plot([], [], marker=".")
         ax_acc.set(xlabel="round", ylabel="test accuracy", title="test accuracy")
         ax_acc.grid(alpha=0.3)
-        (self.train,) = ax_loss.plot([], [], label="train (clients)")
+        (self.train,) = ax_loss.plot([], [], ls="--", label="train (clients)")
         (self.test,) = ax_loss.plot([], [], marker=".", label="test")
         ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss")
         ax_loss.grid(alpha=0.3)
@@ -44,9 +44,11 @@ class _Curves:
         self.background, self.background_key = None, None
         self.lock = threading.Lock()   # a Ray worker runs its trials in threads, one at a time
 
-    def render(self, history: list[dict], path: Path, title: str) -> Path:
+    def render(self, history: list[dict], path: Path, title: str, color: str = "C0") -> Path:
         evals = [h for h in history if "test/accuracy" in h]
         with self.lock:
+            for line in (self.acc, self.train, self.test, *self.legend.legend_handles):
+                line.set_color(color)
             self.acc.set_data([h["round"] for h in evals], [h["test/accuracy"] for h in evals])
             self.train.set_data([h["round"] for h in history], [h["train/loss"] for h in history])
             self.test.set_data([h["round"] for h in evals], [h["test/loss"] for h in evals])
@@ -83,15 +85,34 @@ class _Curves:
                 artist.set_visible(True)
 
 
+#: One colour per algorithm, the same in every plot of every report (FedAvg is always blue, FedLGA
+#: red), so reports of different sweeps read alike; distinct hues for the methods that meet in one sweep.
+METHOD_COLORS = {
+    "fedavg": "#1f77b4", "fedlga": "#d62728", "scaffold": "#2ca02c", "feddyn": "#9467bd", "fedprox": "#ff7f0e",
+    "fednova": "#8c564b", "fedcm": "#e377c2", "mimelite": "#7f7f7f", "fedsam": "#bcbd22", "fedsoftmax": "#17becf",
+    "clg_sgd": "#393b79", "fedclg_c": "#e6550d", "fedclg_s": "#31a354", "scaffold_plus": "#843c39",
+    "server_only": "#000000", "fedmax": "#7b4173", "fedmax_k": "#637939", "gen_fedavg": "#6baed6"}
+#: For method labels that are not an algorithm's name (``fedlga_damped``), picked by the label's hash.
+OTHER_COLORS = ("#ad494a", "#8ca252", "#bd9e39", "#a55194", "#5254a3", "#6b6ecf", "#e7969c", "#9c9ede",
+                "#cedb9c", "#e7cb94")
+
+
+def method_color(method: str) -> str:
+    import zlib
+    return METHOD_COLORS.get(method) or OTHER_COLORS[zlib.crc32(method.encode()) % len(OTHER_COLORS)]
+
+
+
 _curves: _Curves | None = None
 
 
-def curves_png(history: list[dict], path: Path, title: str = "") -> Path:
-    """Test accuracy and the losses of one run against rounds, as a PNG at ``path``."""
+def curves_png(history: list[dict], path: Path, title: str = "", method: str | None = None) -> Path:
+    """Test accuracy and the losses of one run against rounds, as a PNG at ``path``, in ``method``'s
+    colour (the one it has in every report plot)."""
     global _curves
     if _curves is None:
         _curves = _Curves()
-    return _curves.render(history, path, title)
+    return _curves.render(history, path, title, method_color(method) if method else "C0")
 
 
 def save_figure(fig, path: Path, title: str = "") -> Path:

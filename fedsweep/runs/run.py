@@ -246,7 +246,8 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_
             for r in log:
                 writer.writerows([r["round"], *row] for row in zip(*(r[c] for c in cols)))
     (directory / "summary.json").write_text(summary_json(summary))
-    curves_png(module.history, directory / "curves.png", title=f"{cfg.algorithm.name} on {cfg.data.name}")
+    from fedsweep.config.names import config_title
+    curves_png(module.history, directory / "curves.png", title=config_title(cfg), method=cfg.algorithm.name)
     if cfg.mlflow.log_model if log_model is None else log_model:
         net = module.fmodel.load_into(module.w.detach())
         torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, directory / "model.pt")

@@ -38,12 +38,13 @@ def check_port(host: str, port: int) -> None:
                               f"(another MLflow UI?) has it: leave --port out for a free one") from None
 
 
-def target_store(target: str | None, uri: str | None, experiment: str | None) -> tuple[str | None, str | None]:
-    """The store and experiment named by ``fedsweep ui``'s arguments: ``--backend-store-uri`` and
+def target_store(target: str | None, uri: str | None,
+                 experiment: str | None) -> tuple[str | None, str | None, str | None]:
+    """The store, experiment and sweep named by ``fedsweep ui``'s arguments: ``--backend-store-uri`` and
     ``--experiment`` first, else a sweep file's (its ``mlflow:`` section, or its base's) or a run
     config's ``mlflow.tracking_uri`` and experiment."""
     if target is None:
-        return uri, experiment
+        return uri, experiment, None
     path = Path(target)
     if not path.is_file():
         raise ConfigError(f"{target}: no such file; give a sweep file or run config (its MLflow store and "
@@ -54,15 +55,17 @@ def target_store(target: str | None, uri: str | None, experiment: str | None) ->
         from fedsweep.sweep.spec import load_sweep
         sweep = load_sweep(path)
         return (uri or sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"),
-                experiment or sweep.mlflow.experiment or sweep.name)
+                experiment or sweep.mlflow.experiment or sweep.name, sweep.name)
     from fedsweep.config.schema import build_config
     cfg = build_config(raw, [])
-    return uri or cfg.mlflow.tracking_uri, experiment or cfg.mlflow.experiment
+    return uri or cfg.mlflow.tracking_uri, experiment or cfg.mlflow.experiment, None
 
 
-def experiment_pages(uri: str, experiment: str | None, port: int, host: str) -> list[tuple[str, str]]:
-    """(experiment name, address of its runs) for the named experiment, else every experiment that
-    holds runs (newest first)."""
+def experiment_pages(uri: str, experiment: str | None, port: int, host: str,
+                     sweep: str | None = None) -> list[tuple[str, str]]:
+    """(what, address) for the named experiment, else every experiment that holds runs (newest
+    first). For a sweep: first its saved view (one row per config, the mean over its seeds), then
+    its parent run (the report), then every run."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.tracking import ui_url
@@ -74,7 +77,19 @@ def experiment_pages(uri: str, experiment: str | None, port: int, host: str) -> 
             shown = ", ".join(repr(n) for n in names[:20]) or "none"
             raise ConfigError(f"experiment {experiment!r}: not in the store {uri} ({'deleted' if found else 'no such'}"
                               f" experiment); it holds: {shown}")
-        return [(found.name, ui_url(found.experiment_id, port=port, host=host))]
+        pages = []
+        if sweep is not None:
+            from fedsweep.sweep.view import TAG_PREFIX, view_key, view_url
+            if TAG_PREFIX + view_key(sweep) in found.tags:
+                pages.append((f"{sweep}: one row per config, the mean over its seeds",
+                              view_url(found.experiment_id, sweep, port, host)))
+            parents = client.search_runs([found.experiment_id], max_results=1, order_by=["start_time DESC"],
+                                         filter_string=f"tags.`fedsweep.role` = 'sweep' and tags.`fedsweep.sweep` = '{sweep}'")
+            if parents:
+                pages.append((f"{sweep}: the sweep's run, its report", ui_url(found.experiment_id, parents[0].info.run_id,
+                                                                             port=port, host=host)))
+        return pages + [(f"{found.name}: every run" if pages else found.name,
+                         ui_url(found.experiment_id, port=port, host=host))]
     found = client.search_experiments(order_by=["last_update_time DESC"])
     with_runs = [e for e in found if client.search_runs([e.experiment_id], max_results=1)]
     return [(e.name, ui_url(e.experiment_id, port=port, host=host)) for e in with_runs]
@@ -98,7 +113,7 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
     """Start ``mlflow ui``, print where to open it, wait for Ctrl-C (or SIGTERM), stop it. ``ready``:
     called with the first address once the UI answers (tests)."""
     from fedsweep.runs.tracking import check_existing_store, quiet_store_logs
-    uri, experiment = target_store(target, uri, experiment)
+    uri, experiment, sweep = target_store(target, uri, experiment)
     key = "--backend-store-uri" if uri else None
     resolved = check_existing_store(uri, key=key)
     if resolved.split(":", 1)[0].lower() in ("http", "https"):   # the store is a server: its UI is there
@@ -110,7 +125,7 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         check_port(host, port)
     quiet_store_logs()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host   # an address a browser here opens
-    pages = experiment_pages(resolved, experiment, port, shown)
+    pages = experiment_pages(resolved, experiment, port, shown, sweep)
     if run_id is not None:
         pages = [run_page(resolved, run_id, port, shown)] + pages
     cwd = Path(resolved[len("sqlite:///"):].split("?", 1)[0]).parent if resolved.startswith("sqlite:///") else None
@@ -128,9 +143,8 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         _wait_until_up(server, shown, port)
         home = f"http://{shown}:{port}/"
         if pages:
-            width = max(len(name) for name, _ in pages[:10])
-            for name, url in pages[:10]:
-                print(f"open:  {url}   ({name:<{width}})" if len(pages) > 1 else f"open:  {url}   ({name})", file=out)
+            for i, (name, url) in enumerate(pages[:10]):
+                print(f"{'open:' if i == 0 else '     '}  {url}   ({name})", file=out)
             if len(pages) > 10:
                 print(f"       ... and {len(pages) - 10} more experiments: {home}", file=out)
         else:
@@ -174,19 +188,27 @@ def _tail(server: subprocess.Popen) -> str:
 
 
 def _stop(server: subprocess.Popen) -> None:
-    """The UI and every process it started (its own session: uvicorn's workers), by the group's id."""
-    if server.poll() is None:
+    """The UI and every process it started (its own session: uvicorn's workers), by the group's id:
+    SIGTERM, then SIGKILL for what is left after 10 s."""
+    def group_alive() -> bool:
         try:
-            os.killpg(server.pid, signal.SIGTERM)
+            os.killpg(server.pid, 0)
+            return True
         except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    if group_alive():
+        os.killpg(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server.poll() is not None and not group_alive():
             return
+        time.sleep(0.1)
+    if group_alive():
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    else:   # the leader is gone; its workers may not be
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    server.wait()

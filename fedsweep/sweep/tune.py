@@ -386,4 +386,6 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "sweep.yaml")
         client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))
+    from fedsweep.sweep.view import write_view
+    write_view(client, exp_id, sweep, trials)   # the MLflow UI's "by config" view (`fedsweep ui` opens it)
     return run.info.run_id
