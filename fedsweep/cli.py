@@ -258,6 +258,9 @@ def _report_after_tune(sweep_path: str) -> None:
         _report(argparse.Namespace(sweep=sweep_path, out=None))
     except ConfigError as e:
         print(f"fedsweep: the report was not made: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - the sweep ended as it says; its report is `fedsweep report` again
+        print(f"fedsweep: the report was not made ({type(e).__name__}: {str(e)[:200]}); "
+              f"make it with: fedsweep report {sweep_path}", file=sys.stderr)
 
 
 def _report(args) -> int:

@@ -82,3 +82,19 @@ curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}), method="fed
     red = tuple(round(255 * c) for c in mcolors.to_rgb(METHOD_COLORS["fedlga"]))
     pixels = {tuple(p) for p in _pixels(tmp_path / "lga.png")[..., :3].reshape(-1, 3)}
     assert red in pixels and red not in {tuple(p) for p in _pixels(tmp_path / "avg.png")[..., :3].reshape(-1, 3)}
+
+
+def test_a_validation_curve_is_drawn_where_the_run_has_one(tmp_path: Path):
+    with_val = _history(30, 1.0)
+    for h in with_val[4::5]:
+        h["val/accuracy"] = 0.9 - 0.5 / h["round"]
+    curves_png(with_val, tmp_path / "val.png")
+    curves_png(_history(30, 1.0), tmp_path / "plain.png")        # refilled: no validation line, no legend
+    subprocess.run([sys.executable, "-c", f"""
+from pathlib import Path
+from tests.test_plots import _history
+from fedsweep.runs.plots import curves_png
+curves_png(_history(30, 1.0), Path({str(tmp_path / 'fresh.png')!r}))
+"""], check=True, cwd=Path(__file__).parent.parent)
+    assert (tmp_path / "plain.png").read_bytes() == (tmp_path / "fresh.png").read_bytes()
+    assert (tmp_path / "val.png").read_bytes() != (tmp_path / "plain.png").read_bytes()

@@ -78,6 +78,9 @@ def _save_panels(fig, axes, used: int, path: Path, title: str) -> Path:
         ax.set_ylabel("test accuracy")
     for ax in list(axes.flat)[used:]:
         ax.set_visible(False)
+    import textwrap
+    width = max(30, int(fig.get_figwidth() * 9))   # characters a line of the title holds (~9 an inch)
+    title = "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
     return save_figure(fig, path, title)
 
 

@@ -29,27 +29,33 @@ class _Curves:
     def __init__(self):
         self.fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=self.DPI)
         self.axes = (ax_acc, ax_loss)
-        (self.acc,) = ax_acc.plot([], [], marker=".")
-        ax_acc.set(xlabel="round", ylabel="test accuracy", title="test accuracy")
+        (self.acc,) = ax_acc.plot([], [], marker=".", label="test")
+        (self.val,) = ax_acc.plot([], [], ls=":", label="validation")   # runs with a validation split
+        ax_acc.set(xlabel="round", ylabel="accuracy", title="accuracy")
         ax_acc.grid(alpha=0.3)
         (self.train,) = ax_loss.plot([], [], ls="--", label="train (clients)")
         (self.test,) = ax_loss.plot([], [], marker=".", label="test")
         ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss")
         ax_loss.grid(alpha=0.3)
         self.legend = ax_loss.legend()
+        self.acc_legend = ax_acc.legend(loc="lower right")
         self.title = self.fig.suptitle("")
         # Drawn over the kept background, in this order (the order of a full draw).
-        self.changing = [ax_acc.yaxis, ax_loss.yaxis, self.acc, self.train, self.test,
-                         *ax_acc.spines.values(), *ax_loss.spines.values(), self.legend, self.title]
+        self.changing = [ax_acc.yaxis, ax_loss.yaxis, self.acc, self.val, self.train, self.test,
+                         *ax_acc.spines.values(), *ax_loss.spines.values(), self.acc_legend, self.legend, self.title]
         self.background, self.background_key = None, None
         self.lock = threading.Lock()   # a Ray worker runs its trials in threads, one at a time
 
     def render(self, history: list[dict], path: Path, title: str, color: str = "C0") -> Path:
         evals = [h for h in history if "test/accuracy" in h]
         with self.lock:
-            for line in (self.acc, self.train, self.test, *self.legend.legend_handles):
+            for line in (self.acc, self.val, self.train, self.test, *self.legend.legend_handles,
+                         *self.acc_legend.legend_handles):
                 line.set_color(color)
             self.acc.set_data([h["round"] for h in evals], [h["test/accuracy"] for h in evals])
+            vals = [h for h in evals if "val/accuracy" in h]
+            self.val.set_data([h["round"] for h in vals], [h["val/accuracy"] for h in vals])
+            self.acc_legend.set_visible(bool(vals))
             self.train.set_data([h["round"] for h in history], [h["train/loss"] for h in history])
             self.test.set_data([h["round"] for h in evals], [h["test/loss"] for h in evals])
             for ax in self.axes:   # limits from this run's data alone
@@ -75,14 +81,15 @@ class _Curves:
 
     def _draw_background(self) -> None:
         """Draw the figure without the parts that change from run to run and keep its pixels."""
+        shown = [artist.get_visible() for artist in self.changing]
         for artist in self.changing:
             artist.set_visible(False)
         try:
             self.fig.canvas.draw()
             self.background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
         finally:
-            for artist in self.changing:
-                artist.set_visible(True)
+            for artist, visible in zip(self.changing, shown):
+                artist.set_visible(visible)
 
 
 #: One colour per algorithm, the same in every plot of every report (FedAvg is always blue, FedLGA

@@ -131,16 +131,15 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
     cwd = Path(resolved[len("sqlite:///"):].split("?", 1)[0]).parent if resolved.startswith("sqlite:///") else None
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", resolved, "--host", host, "--port", str(port)]
     print(f"starting the MLflow UI on {resolved} (port {port}) ...", file=out, flush=True)
-    server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    stop = {"signal": None}
+    import tempfile
+    log = tempfile.TemporaryFile(mode="w+")   # not a pipe: a UI that logs every request would fill it and stop
+    server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True)
 
-    def on_signal(signum, frame):
-        stop["signal"] = signum
+    def on_signal(signum, frame):   # SIGTERM (`kill PID`) ends it as Ctrl-C does
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, on_signal)
     try:
-        _wait_until_up(server, shown, port)
+        _wait_until_up(server, shown, port, log)
         home = f"http://{shown}:{port}/"
         if pages:
             for i, (name, url) in enumerate(pages[:10]):
@@ -154,16 +153,17 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
             ready(pages[0][1] if pages else home)
         while server.poll() is None:
             time.sleep(0.5)
-        raise ConfigError(f"the MLflow UI stopped by itself (exit {server.returncode}): {_tail(server)}")
+        raise ConfigError(f"the MLflow UI stopped by itself (exit {server.returncode}): {_tail(log)}")
     except KeyboardInterrupt:
         print("stopping the MLflow UI ...", file=out, flush=True)
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         _stop(server)
+        log.close()
 
 
-def _wait_until_up(server: subprocess.Popen, host: str, port: int) -> None:
+def _wait_until_up(server: subprocess.Popen, host: str, port: int, log) -> None:
     import urllib.request
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
@@ -172,18 +172,19 @@ def _wait_until_up(server: subprocess.Popen, host: str, port: int) -> None:
             return
         except OSError:
             if server.poll() is not None:
-                raise ConfigError(f"the MLflow UI did not start (exit {server.returncode}): {_tail(server)}") from None
+                raise ConfigError(f"the MLflow UI did not start (exit {server.returncode}): {_tail(log)}") from None
             if time.monotonic() > deadline:
                 raise ConfigError(f"the MLflow UI did not answer on port {port} within {START_TIMEOUT_S:.0f} s") from None
             time.sleep(0.3)
 
 
-def _tail(server: subprocess.Popen) -> str:
+def _tail(log) -> str:
+    """The last line the UI wrote (its error, when it stopped)."""
     try:
-        text = server.stderr.read() if server.poll() is not None else ""
+        log.seek(0)
+        lines = [line for line in log.read().strip().splitlines() if line.strip()]
     except (OSError, ValueError):
-        text = ""
-    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+        lines = []
     return lines[-1][:300] if lines else "no message"
 
 
