@@ -109,9 +109,8 @@ def run_page(uri: str, run_id: str, port: int, host: str) -> tuple[str, str]:
 
 
 def serve(target: str | None = None, *, uri: str | None = None, experiment: str | None = None,
-          run_id: str | None = None, port: int | None = None, host: str = "127.0.0.1", ready=None, out=sys.stdout) -> int:
-    """Start ``mlflow ui``, print where to open it, wait for Ctrl-C (or SIGTERM), stop it. ``ready``:
-    called with the first address once the UI answers (tests)."""
+          run_id: str | None = None, port: int | None = None, host: str = "127.0.0.1", out=sys.stdout) -> int:
+    """Start ``mlflow ui``, print where to open it, wait for Ctrl-C (or SIGTERM), stop it."""
     from fedsweep.runs.tracking import check_existing_store, quiet_store_logs
     uri, experiment, sweep = target_store(target, uri, experiment)
     key = "--backend-store-uri" if uri else None
@@ -149,8 +148,6 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         else:
             print(f"open:  {home}   (the store holds no runs yet)", file=out)
         print("stop it with Ctrl-C", file=out, flush=True)
-        if ready is not None:
-            ready(pages[0][1] if pages else home)
         while server.poll() is None:
             time.sleep(0.5)
         raise ConfigError(f"the MLflow UI stopped by itself (exit {server.returncode}): {_tail(log)}")
