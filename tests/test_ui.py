@@ -101,6 +101,34 @@ def test_it_serves_the_sweeps_runs_on_a_free_port_and_ctrl_c_stops_all_of_it(tmp
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
     finally:
+        if ui.poll() is None:     # Ctrl-C first: fedsweep ui then stops the UI's own session too
+            os.kill(ui.pid, signal.SIGINT)
+            try:
+                ui.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(ui.pid, signal.SIGKILL)
+                ui.wait()
+
+
+def test_a_killed_fedsweep_ui_leaves_no_mlflow_process(tmp_path):
+    """SIGKILL gives fedsweep ui no chance to stop the UI it started (in a session of its own):
+    the UI ends with it all the same (PR_SET_PDEATHSIG), and so does everything the UI started."""
+    uri, _ = _store_with_a_run(tmp_path)
+    ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", "--backend-store-uri", uri],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while "stop it with Ctrl-C" not in ui.stdout.readline():
+            assert ui.poll() is None and time.time() < deadline
+        children = descendants(ui.pid)
+        assert children
+        os.kill(ui.pid, signal.SIGKILL)
+        ui.wait()
+        deadline = time.time() + 30
+        while [p for p in children if os.path.exists(f"/proc/{p}")] and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in children if os.path.exists(f"/proc/{p}")]
+    finally:
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()

@@ -132,7 +132,8 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
     print(f"starting the MLflow UI on {resolved} (port {port}) ...", file=out, flush=True)
     import tempfile
     log = tempfile.TemporaryFile(mode="w+")   # not a pipe: a UI that logs every request would fill it and stop
-    server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=_end_with_parent)
 
     def on_signal(signum, frame):   # SIGTERM (`kill PID`) ends it as Ctrl-C does
         raise KeyboardInterrupt
@@ -158,6 +159,16 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         signal.signal(signal.SIGTERM, previous)
         _stop(server)
         log.close()
+
+
+def _end_with_parent() -> None:
+    """In the UI's process, before MLflow starts: SIGTERM it when fedsweep ui dies, however it dies
+    (a SIGKILL gives fedsweep no chance to stop the UI's own session; Linux's PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass   # not Linux: Ctrl-C and SIGTERM still stop it
 
 
 def _wait_until_up(server: subprocess.Popen, host: str, port: int, log) -> None:
