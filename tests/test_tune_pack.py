@@ -99,11 +99,14 @@ def test_a_member_whose_data_cannot_be_made_fails_alone(tmp_path, monkeypatch, c
 
 def test_packed_sweep_resumes_after_kill(tmp_path, monkeypatch):
     """`kill -9` of the driver mid-sweep; `--resume` finishes every packed config, each round logged
-    exactly once, nothing duplicated."""
+    exactly once, nothing duplicated. Each pack trains long enough (240 rounds, ~5 s) that the second
+    is still training when the first one's runs read finished in MLflow (the driver writes them a
+    moment after Tune has them): at 60 rounds both packs could end before the kill."""
+    rounds = 240
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = write_sweep(tmp_path / "k.yaml", "k", methods={"fedavg": {}}, grid={"local.lr": [0.05, 0.1]},
                        seeds=[0, 1, 2], pack=3, max_concurrent=1, checkpoint_every=2,
-                       base={**TINY["base"], "rounds": 60, "eval": {"every": 3}})
+                       base={**TINY["base"], "rounds": rounds, "eval": {"every": 3}})
     proc = start_sweep(path, tmp_path, uri)
     try:
         assert _wait_for(lambda: _statuses(uri, "k").count("finished") >= 3, 240), \
@@ -118,7 +121,7 @@ def test_packed_sweep_resumes_after_kill(tmp_path, monkeypatch):
     assert len(runs) == 6 and all(r.data.tags["fedsweep.status"] == "finished" for r in runs)
     for r in runs:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
-        assert steps == list(range(1, 61)), f"each round logged exactly once: {steps}"
+        assert steps == list(range(1, rounds + 1)), f"each round logged exactly once: {steps}"
 
 
 def test_pack_with_a_scheduler_is_refused(tmp_path, capsys):
