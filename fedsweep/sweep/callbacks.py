@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fedsweep.config.schema import RunConfig
 from fedsweep.runs.tracking import MLFLOW_STATUS
-from fedsweep.sweep.spec import drawn_payload
+from fedsweep.sweep.spec import config_label, drawn_payload
 from fedsweep.sweep.trainable import trial_checkpoint
 
 FINAL_STATUSES = ("finished", "stopped", "diverged", "failed", "incomplete")
@@ -35,15 +35,6 @@ FLUSH_SECONDS = 10.0
 #: The callback of each sweep this process drives, by its MLflow parent run: the driver closes its
 #: writes when Tune returns (a restored sweep's callback is unpickled by Tune, not made here).
 SWEEPS: dict[str, object] = {}
-
-
-def config_label(payload: dict) -> str:
-    """A trial's config in words, without its seed (its run name less the seed: ``fedlga ρ0.5 ηl0.1
-    ηg1``; a confirm run's ends in ``confirm``): the ``fedsweep.config`` tag, which the MLflow UI's
-    Group by turns into one row per config with the mean over its seeds."""
-    from fedsweep.config.names import short
-    seed = short("seed", payload["run"].get("seed", 0))
-    return " ".join(w for w in payload.get("name", payload["label"]).split(" ") if w != seed)
 
 
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, store,

@@ -16,7 +16,7 @@ from typing import Any
 
 from fedsweep.config.names import short
 from fedsweep.config.schema import ConfigError, RunConfig
-from fedsweep.sweep.spec import SweepConfig, Trial
+from fedsweep.sweep.spec import SweepConfig, Trial, config_label
 
 #: A Tune experiment of its own for the confirm trials, inside the sweep's folder of the storage.
 EXPERIMENT = "confirm"
@@ -115,11 +115,7 @@ def _reseeded(template: dict, seed: int, index: int) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - a seed the config cannot take (a synthetic split, say)
         raise ConfigError(f"confirm.seeds: {seed} cannot run {template['label']}: {e}") from None
     method_and_keys = template["label"].rsplit(" seed=", 1)[0]
-    name = " ".join(part for part in template["name"].split(" ") if not _is_seed(part))
+    name = config_label(template)
     return {**{k: v for k, v in template.items() if k not in ("drawn", "varying", "overrides", "draw")},
             "run": run, "seed": seed, "index": index, "stage": "confirm",
             "label": f"{method_and_keys} seed={seed} (confirm)", "name": f"{name} {short('seed', seed)} confirm"}
-
-
-def _is_seed(part: str) -> bool:
-    return part.startswith("s") and part[1:].isdigit()

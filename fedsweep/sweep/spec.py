@@ -179,6 +179,14 @@ def run_name(trial: Trial, varying: list[str]) -> str:
     return " ".join([trial.method, *parts])
 
 
+def config_label(payload: dict) -> str:
+    """A trial's config in words, without its seed (its run name less the seed: ``fedlga ρ0.5 ηl0.1
+    ηg1``; a confirm run's ends in ``confirm``): the ``fedsweep.config`` tag, which the MLflow UI's
+    Group by turns into one row per config with the mean over its seeds."""
+    seed = short("seed", payload["run"].get("seed", 0))
+    return " ".join(w for w in payload.get("name", payload["label"]).split(" ") if w != seed)
+
+
 def _with_partition(key: str, value: Any, partition: dict) -> Any:
     """``value`` of ``key`` with ``data.partition`` whole, as the trial resolved it: a mapping given for
     it (or for ``data``) sets only some of its keys."""
