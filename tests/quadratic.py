@@ -12,7 +12,8 @@ import torch
 from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import SetupContext
 from fedsweep.engine import ClientData, make_engine, probe_batches
-from fedsweep.sim.heterogeneity import RoundPlan, client_tables, schedule_batches
+from fedsweep.sim.client_index import ClientIndex
+from fedsweep.sim.heterogeneity import RoundPlan, schedule_batches
 
 DTYPE = torch.float64
 ENGINES = ["loop", "vectorized"]
@@ -66,7 +67,7 @@ def one_round(algo, points: list[torch.Tensor], w: torch.Tensor, steps: list[int
     clients = list(range(N)) if clients is None else clients
     sizes_all = torch.tensor([p.shape[0] for p in points])
     offsets = torch.cumsum(torch.tensor([0, *sizes_all.tolist()]), 0)
-    table = client_tables([torch.arange(int(offsets[i]), int(offsets[i + 1])) for i in range(N)])
+    table = ClientIndex(offsets, torch.arange(int(offsets[-1])))
     K = len(clients)
     work = torch.tensor(steps)
     drop = torch.tensor(dropped if dropped is not None else [False] * K)
@@ -76,7 +77,7 @@ def one_round(algo, points: list[torch.Tensor], w: torch.Tensor, steps: list[int
     batches = schedule_batches(plan, table, B, "steps", seed=0)
     probe = probe_batches(algo.probe, plan, table, B, seed=0)
     x = torch.cat(points).to(DTYPE)
-    data = ClientData(x, torch.zeros(x.shape[0], dtype=torch.long), table)
+    data = ClientData(x, torch.zeros(x.shape[0], dtype=torch.long))
     eng = make_engine(engine, QuadraticModel(w.numel()), algo, data)
     with torch.no_grad():
         shared = algo.broadcast(w, plan)

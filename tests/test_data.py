@@ -22,7 +22,7 @@ from conftest import write_mnist
 
 def assert_clients_partition(d: FederatedData):
     assert all(ix.dtype == torch.int64 and len(ix) >= 1 for ix in d.client_indices)
-    allidx = torch.cat(d.client_indices)
+    allidx = torch.cat(list(d.client_indices))
     assert torch.equal(allidx.sort().values, torch.arange(len(d.y_train)))
     assert d.client_sizes.dtype == torch.int64 and d.client_sizes.shape == (d.num_clients,)
     assert int(d.client_sizes.sum()) == len(d.y_train)
@@ -303,14 +303,14 @@ def test_train_size_takes_a_seeded_subset_before_the_server_pool_and_partition()
     from fedsweep.data import load_federated
     cfg = DataConfig(name="digits", num_clients=10, train_size=300, partition={"kind": "shards", "shard_size": 15})
     a, b = load_federated(cfg, seed=1), load_federated(cfg, seed=1)
-    used = torch.cat(a.client_indices)
+    used = torch.cat(list(a.client_indices))
     assert len(used) == 300 and len(set(used.tolist())) == 300
     assert all(torch.equal(x, y) for x, y in zip(a.client_indices, b.client_indices))      # pure in the seed
-    other = torch.cat(load_federated(cfg, seed=2).client_indices)
+    other = torch.cat(list(load_federated(cfg, seed=2).client_indices))
     assert set(used.tolist()) != set(other.tolist())
     assert all(len(p) == 30 for p in a.client_indices)                                      # 20 shards of 15
     hybrid = load_federated(cfg, seed=1, server=ServerDataConfig(fraction=0.1, resample=False))
-    clients = set(torch.cat(hybrid.client_indices).tolist())
+    clients = set(torch.cat(list(hybrid.client_indices)).tolist())
     assert hybrid.server_size == 30 and len(hybrid.server_pool) == 30
     assert not clients & set(hybrid.server_pool.tolist())
     assert clients | set(hybrid.server_pool.tolist()) == set(used.tolist())                # the same subset

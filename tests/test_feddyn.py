@@ -28,7 +28,7 @@ def test_two_rounds_by_hand(engine):
     u, up = one_round(algo, POINTS, t(0.0, 0.0), steps=[2, 1], lr=0.25, engine=engine, clients=[0, 2])
     close(up["delta"], torch.stack([t(0.75, 0.0), t(-0.5, -0.25)]))
     close(algo.h, t(-1 / 12, 1 / 12))
-    close(algo.grad_prev, torch.stack([t(-0.75, 0.0), t(0.0, 0.0), t(0.5, 0.25)]))
+    close(algo.grad_prev.dense(), torch.stack([t(-0.75, 0.0), t(0.0, 0.0), t(0.5, 0.25)]))
     close(u, t(5 / 24, -5 / 24))
 
     # Round 2: w = (5/24, −5/24) (η_g = 1), all clients, E_i = 1, 2, 2.
@@ -46,22 +46,22 @@ def test_two_rounds_by_hand(engine):
     close(up["delta"], torch.stack([t(25 / 96, 5 / 96), t(-5 / 64, 101 / 64), t(-41 / 64, -13 / 64)]))
     close(algo.h, t(5 / 72, -113 / 288))
     close(u, t(-2 / 9, 125 / 144))
-    close(algo.grad_prev, torch.stack([t(-97 / 96, -5 / 96), t(5 / 64, -101 / 64), t(73 / 64, 29 / 64)]))
-    close(algo.h, algo.grad_prev.mean(0))      # h = (1/N) Σ_all ∇L_i, since both start at 0
+    close(algo.grad_prev.dense(), torch.stack([t(-97 / 96, -5 / 96), t(5 / 64, -101 / 64), t(73 / 64, 29 / 64)]))
+    close(algo.h, algo.grad_prev.dense().mean(0))      # h = (1/N) Σ_all ∇L_i, since both start at 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_dropped_client_keeps_its_state(engine):
     algo = make_algorithm("feddyn", 3, 2, [2, 1, 3], alpha=1.0)
-    algo.grad_prev[1] = t(3.0, 3.0)
-    algo.h = algo.grad_prev.mean(0)             # (1, 1)
+    algo.grad_prev.set(torch.tensor([1]), t(3.0, 3.0).view(1, -1))
+    algo.h = algo.grad_prev.dense().mean(0)             # (1, 1)
     # client 1 drops out; clients 0 and 2, E = 1 from w = 0: y = y*/2 = (m + ℓ)/4 with ℓ = 0
     #   Δ_0 = (0.5, 0), Δ_2 = (−0.5, −0.25); h = (1, 1) − (1/3)(0, −0.25) = (1, 13/12)
     #   u = mean over the two = (0, −0.125) − h = (−1, −29/24)
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[1, 0, 1], lr=0.25, engine=engine,
                      dropped=[False, True, False], expected=1)
     close(u, t(-1.0, -29 / 24))
-    close(algo.grad_prev, torch.stack([t(-0.5, 0.0), t(3.0, 3.0), t(0.5, 0.25)]))
+    close(algo.grad_prev.dense(), torch.stack([t(-0.5, 0.0), t(3.0, 3.0), t(0.5, 0.25)]))
     close(algo.h, t(1.0, 13 / 12))
     # nobody returns: u = 0, nothing changes
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[0], lr=0.25, engine=engine, clients=[1],
@@ -85,10 +85,10 @@ def test_state_dict_round_trip():
     b = make_algorithm("feddyn", 3, 2, [2, 1, 3], alpha=1.0)
     b.load_state_dict(a.state_dict())
     close(b.h, a.h)
-    close(b.grad_prev, a.grad_prev)
+    close(b.grad_prev.dense(), a.grad_prev.dense())
     ua, _ = one_round(a, POINTS, t(5 / 24, -5 / 24), steps=[1, 2, 2], lr=0.25, round=1)
     ub, _ = one_round(b, POINTS, t(5 / 24, -5 / 24), steps=[1, 2, 2], lr=0.25, round=1)
-    assert torch.equal(ua, ub) and torch.equal(a.h, b.h) and torch.equal(a.grad_prev, b.grad_prev)
+    assert torch.equal(ua, ub) and torch.equal(a.h, b.h) and torch.equal(a.grad_prev.dense(), b.grad_prev.dense())
     with pytest.raises(ValueError):
         make_algorithm("feddyn", 4, 2, [1, 1, 1, 1]).load_state_dict(a.state_dict())
 
@@ -107,7 +107,7 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
                    server={"optimizer": "momentum", "lr": 0.5})
     full, resumed, saved = resumed_run(raw, tmp_path, stop=2)
     assert saved["algorithm"]["h"].abs().sum() > 0                       # the state is in the checkpoint
-    assert torch.equal(resumed.algorithm.grad_prev, full.algorithm.grad_prev)
+    assert torch.equal(resumed.algorithm.grad_prev.dense(), full.algorithm.grad_prev.dense())
 
 
 @pytest.mark.parametrize("over", [{}, {"heterogeneity": {"kind": "profiles", "speeds": 1.0, "dropout": 0.3}}],

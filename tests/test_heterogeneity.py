@@ -2,7 +2,8 @@
 import torch
 
 from fedsweep.config.schema import build_config
-from fedsweep.sim.heterogeneity import Planner, RoundPlan, client_tables, schedule_batches
+from fedsweep.sim.client_index import ClientIndex
+from fedsweep.sim.heterogeneity import Planner, RoundPlan, schedule_batches
 
 
 def planner(**het):
@@ -63,7 +64,7 @@ def _plan(sizes, steps):
 
 def test_batches_steps_unit_walk_permutations_of_own_data():
     sizes = [7, 3, 12]
-    table = client_tables([torch.arange(7), torch.arange(7, 10), torch.arange(10, 22)])
+    table = ClientIndex.from_parts([torch.arange(7), torch.arange(7, 10), torch.arange(10, 22)])
     b = schedule_batches(_plan(sizes, [3, 4, 2]), table, 5, "steps", seed=1)
     assert b.index.shape == (3, 4, 5)
     owned = [set(range(7)), set(range(7, 10)), set(range(10, 22))]
@@ -79,7 +80,7 @@ def test_batches_steps_unit_walk_permutations_of_own_data():
 
 def test_batches_epochs_unit_cover_each_sample_once_per_epoch():
     sizes = [7, 12]
-    table = client_tables([torch.arange(7), torch.arange(7, 19)])
+    table = ClientIndex.from_parts([torch.arange(7), torch.arange(7, 19)])
     plan = _plan(sizes, [2 * 2, 3])                                 # 2 epochs of ceil(7/5)=2; 1 of ceil(12/5)=3
     b = schedule_batches(plan, table, 5, "epochs", seed=1)
     first = b.index[0][b.mask[0]].tolist()
@@ -89,7 +90,7 @@ def test_batches_epochs_unit_cover_each_sample_once_per_epoch():
 
 
 def test_batches_deterministic_per_round_and_purpose():
-    table = client_tables([torch.arange(20), torch.arange(20, 40)])
+    table = ClientIndex.from_parts([torch.arange(20), torch.arange(20, 40)])
     plan = _plan([20, 20], [3, 3])
     a = schedule_batches(plan, table, 4, "steps", seed=5)
     assert torch.equal(a.index, schedule_batches(plan, table, 4, "steps", seed=5).index)

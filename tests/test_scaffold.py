@@ -27,7 +27,7 @@ def test_two_rounds_option2_by_hand(engine):
     close(up["delta"], torch.stack([t(1.5, 0.0), t(-1.0, -0.5)]))
     close(u, t(0.25, -0.25))
     close(algo.c, t(1 / 6, 1 / 3))
-    close(algo.c_i, torch.stack([t(-1.5, 0.0), t(0.0, 0.0), t(2.0, 1.0)]))
+    close(algo.c_i.dense(), torch.stack([t(-1.5, 0.0), t(0.0, 0.0), t(2.0, 1.0)]))
 
     # Round 2: w = (0.25, −0.25) (η_g = 1), all clients, E_i = 1, 2, 2.
     #   client 0: corr = c − c_0 = (5/3, 1/3), m' = (1/3, −1/3); 1 step: y = (m' + w)/2 = (7/24, −7/24)
@@ -44,9 +44,9 @@ def test_two_rounds_option2_by_hand(engine):
     u, up = one_round(algo, POINTS, t(0.25, -0.25), steps=[1, 2, 2], lr=0.5, engine=engine, round=1)
     close(up["delta"], torch.stack([t(1 / 24, -1 / 24), t(-5 / 16, 47 / 16), t(-5 / 16, -1 / 16)]))
     close(u, t(-7 / 36, 17 / 18))
-    close(algo.c_i, torch.stack([t(-7 / 4, -1 / 4), t(7 / 48, -157 / 48), t(103 / 48, 35 / 48)]))
+    close(algo.c_i.dense(), torch.stack([t(-7 / 4, -1 / 4), t(7 / 48, -157 / 48), t(103 / 48, 35 / 48)]))
     close(algo.c, t(13 / 72, -67 / 72))
-    close(algo.c, algo.c_i.mean(0))          # c stays the mean of all N c_i
+    close(algo.c, algo.c_i.dense().mean(0))          # c stays the mean of all N c_i
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -57,22 +57,22 @@ def test_option1_uses_full_gradient_at_server_model(engine):
     #   c_0 = (−2, 0), c_2 = (2, 1); c = (1/3)((−2, 0) + (2, 1)) = (0, 1/3)
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[2, 1], lr=0.5, engine=engine, clients=[0, 2])
     close(u, t(0.25, -0.25))
-    close(algo.c_i, torch.stack([t(-2.0, 0.0), t(0.0, 0.0), t(2.0, 1.0)]))
+    close(algo.c_i.dense(), torch.stack([t(-2.0, 0.0), t(0.0, 0.0), t(2.0, 1.0)]))
     close(algo.c, t(0.0, 1 / 3))
     # Round 2 from w = (1, 1), client 1 alone, 1 step: corr = c − 0 = (0, 1/3), m' = (0, 11/3)
     #   y = (w + m')/2 = (1/2, 7/3), Δ_1 = (−1/2, 4/3); c_1⁺ = w − m_1 = (1, −3)
     #   c = (0, 1/3) + (1/3)((1, −3) − 0) = (1/3, −2/3)
     u, _ = one_round(algo, POINTS, t(1.0, 1.0), steps=[1], lr=0.5, engine=engine, clients=[1], round=1)
     close(u, t(-0.5, 4 / 3))
-    close(algo.c_i[1], t(1.0, -3.0))
+    close(algo.c_i.dense()[1], t(1.0, -3.0))
     close(algo.c, t(1 / 3, -2 / 3))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_dropped_client_keeps_its_control_variate(engine):
     algo = make_algorithm("scaffold", 3, 2, [2, 1, 3])
-    algo.c_i[1] = t(5.0, 5.0)                   # something to keep
-    algo.c = algo.c_i.mean(0)                    # = (5/3, 5/3)
+    algo.c_i.set(torch.tensor([1]), t(5.0, 5.0).view(1, -1))   # something to keep
+    algo.c = algo.c_i.dense().mean(0)                    # = (5/3, 5/3)
     # client 1 drops out (E_1 = 0); clients 0 and 2 from w = 0 with E = 1, corr_0 = corr_2 = c:
     #   m'_0 = (2 − 5/3, −5/3) = (1/3, −5/3) → Δ_0 = m'_0/2 = (1/6, −5/6)
     #   m'_2 = (−2 − 5/3, −1 − 5/3) = (−11/3, −8/3) → Δ_2 = (−11/6, −4/3)
@@ -82,9 +82,9 @@ def test_dropped_client_keeps_its_control_variate(engine):
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[1, 0, 1], lr=0.5, engine=engine,
                      dropped=[False, True, False], expected=1)
     close(u, t(-5 / 6, -13 / 12))
-    close(algo.c_i, torch.stack([t(-2.0, 0.0), t(5.0, 5.0), t(2.0, 1.0)]))
+    close(algo.c_i.dense(), torch.stack([t(-2.0, 0.0), t(5.0, 5.0), t(2.0, 1.0)]))
     close(algo.c, t(5 / 3, 2.0))
-    assert torch.isfinite(algo.c_i).all()
+    assert torch.isfinite(algo.c_i.dense()).all()
 
 
 def test_state_dict_round_trip():
@@ -93,10 +93,10 @@ def test_state_dict_round_trip():
     b = make_algorithm("scaffold", 3, 2, [2, 1, 3])
     b.load_state_dict(a.state_dict())
     close(b.c, a.c)
-    close(b.c_i, a.c_i)
+    close(b.c_i.dense(), a.c_i.dense())
     ua, _ = one_round(a, POINTS, t(0.25, -0.25), steps=[1, 2, 2], lr=0.5, round=1)
     ub, _ = one_round(b, POINTS, t(0.25, -0.25), steps=[1, 2, 2], lr=0.5, round=1)
-    assert torch.equal(ua, ub) and torch.equal(a.c_i, b.c_i) and torch.equal(a.c, b.c)
+    assert torch.equal(ua, ub) and torch.equal(a.c_i.dense(), b.c_i.dense()) and torch.equal(a.c, b.c)
     with pytest.raises(ValueError):
         make_algorithm("scaffold", 4, 2, [1, 1, 1, 1]).load_state_dict(a.state_dict())
 
@@ -117,7 +117,7 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
     raw = tiny_raw(rounds=4, algorithm={"name": "scaffold"}, eval={"every": 2})
     full, resumed, saved = resumed_run(raw, tmp_path, stop=2)
     assert saved["algorithm"]["c_i"].abs().sum() > 0                  # the state is in the checkpoint
-    assert torch.equal(resumed.algorithm.c_i, full.algorithm.c_i)
+    assert torch.equal(resumed.algorithm.c_i.dense(), full.algorithm.c_i.dense())
 
 
 @pytest.mark.parametrize("option", [1, 2])

@@ -201,7 +201,7 @@ def test_federated_clients_read_are_drawn_per_seed_and_round():
     other = FederatedModule(config(data, seed=4, clients_per_round=4, eval={"validation_clients": 5}))
     assert not torch.equal(other.validation_samples(0), drawn[0])
     every = FederatedModule(config(data, clients_per_round=4))
-    assert sorted(every.validation_samples(0).tolist()) == sorted(torch.cat(every.data.val_indices).tolist())
+    assert sorted(every.validation_samples(0).tolist()) == sorted(torch.cat(list(every.data.val_indices)).tolist())
 
 
 @pytest.mark.parametrize("kind", ["central", "federated"])

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from fedsweep.algorithms.client_rows import ClientRows
 from fedsweep.sim.heterogeneity import RoundPlan
 from fedsweep.util.lazy import torch
 
@@ -104,6 +105,9 @@ class Algorithm:
     #: vectorized engine then calls them without ``vmap``. A subclass that overrides either without
     #: declaring it gets False.
     rowwise: ClassVar[bool] = True
+    #: rows of n numbers the server keeps for each client that has taken part (SCAFFOLD's c_i: 1), as
+    #: :class:`~fedsweep.algorithms.client_rows.ClientRows`; what the memory check before training counts
+    client_rows: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -161,6 +165,13 @@ class Algorithm:
         pass
 
     # ----- accounting ---------------------------------------------------------------------------
+    def client_state_held(self) -> tuple[int, int, int]:
+        """(allocated bytes, clients, bytes of their rows) of the per-client rows the algorithm holds
+        (:class:`ClientRows`); zeros for an algorithm that keeps none."""
+        tables = [v for v in vars(self).values() if isinstance(v, ClientRows)]
+        return (sum(t.nbytes() for t in tables), max((len(t) for t in tables), default=0),
+                sum(t.used_bytes() for t in tables))
+
     def communication(self, plan: RoundPlan) -> tuple[float, float]:
         """(up, down) in model-size units: uploads from returning clients, downloads to all sampled."""
         up = self.upload_models * int(plan.participated.sum())

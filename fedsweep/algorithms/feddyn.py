@@ -1,7 +1,8 @@
 """FedDyn: federated learning with dynamic regularization (Acar et al., ICLR 2021, Alg. 1).
 
-Each client i keeps (here: the server keeps, for all N, as rows of an (N, n) tensor) the linear term
-∇L_i(θ_i^{t−1}), zero before i first takes part; the server keeps h, h^0 = 0. With P_t the clients
+Each client i keeps (here: the server keeps, as rows of a
+:class:`~fedsweep.algorithms.client_rows.ClientRows` allocated for the clients that have taken part) the
+linear term ∇L_i(θ_i^{t−1}), zero before i first takes part; the server keeps h, h^0 = 0. With P_t the clients
 that return this round, θ^{t−1} = w^t the server model and α the dynamic-regularizer weight:
 
     θ_i^t = argmin_θ L_i(θ) − ⟨∇L_i(θ_i^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖²        (Alg. 1 line 5)
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.algorithms.client_rows import ClientRows
 from fedsweep.util.lazy import torch
 
 
@@ -61,16 +63,17 @@ class FedDynParams(BaseModel):
 class FedDyn(Algorithm):
     name = "feddyn"
     rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
+    client_rows = 1  # ∇L_i(θ_i)
     Params = FedDynParams
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.h = torch.zeros(ctx.dim, device=ctx.device, dtype=ctx.dtype)
-        self.grad_prev = torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device, dtype=ctx.dtype)
+        self.grad_prev = ClientRows(ctx.num_clients, ctx.dim, ctx.device, ctx.dtype)
 
     # ----- server -> clients ------------------------------------------------------------------
     def client_state(self, plan):
-        return {"grad_prev": self.grad_prev[plan.clients.to(self.grad_prev.device)]}
+        return {"grad_prev": self.grad_prev.get(plan.clients)}
 
     # ----- client -------------------------------------------------------------------------------
     def client_init(self, w, shared, own, ops, probe):
@@ -88,20 +91,20 @@ class FedDyn(Algorithm):
         delta = uploads["delta"]
         ok = plan.participated.to(delta.device).unsqueeze(1)
         delta = torch.where(ok, delta, torch.zeros_like(delta))                     # dropped: nothing
-        ids = plan.clients.to(delta.device)
-        self.grad_prev[ids] = self.grad_prev[ids] - alpha * delta                   # line 6
+        back = plan.participated
+        ids = plan.clients[back]
+        self.grad_prev.set(ids, self.grad_prev.get(ids) - alpha * delta[back.to(delta.device)])   # line 6
         self.h = self.h - alpha * delta.sum(0) / self.ctx.num_clients               # line 9
         if not bool(ok.any()):
             return torch.zeros_like(w)
         return self.weights(plan) @ delta - self.h / alpha                          # line 10 − w^t
 
     def state_dict(self):
-        return {"h": self.h.clone(), "grad_prev": self.grad_prev.clone()}
+        return {"h": self.h.clone(), **self.grad_prev.state_dict("grad_prev")}
 
     def load_state_dict(self, state):
-        h, grad_prev = state["h"], state["grad_prev"]
-        if tuple(grad_prev.shape) != tuple(self.grad_prev.shape) or tuple(h.shape) != tuple(self.h.shape):
-            raise ValueError(f"feddyn state has h {tuple(h.shape)}, grad_prev {tuple(grad_prev.shape)}; "
-                             f"this run needs {tuple(self.h.shape)}, {tuple(self.grad_prev.shape)}")
+        h = state["h"]
+        if tuple(h.shape) != tuple(self.h.shape):
+            raise ValueError(f"feddyn state has h {tuple(h.shape)}; this run needs {tuple(self.h.shape)}")
+        self.grad_prev.load_state_dict(state, "grad_prev", "feddyn state grad_prev")
         self.h = h.to(self.ctx.device, self.ctx.dtype).clone()
-        self.grad_prev = grad_prev.to(self.ctx.device, self.ctx.dtype).clone()

@@ -1,7 +1,8 @@
 """SCAFFOLD: stochastic controlled averaging (Karimireddy et al., ICML 2020, Alg. 1).
 
-The server keeps a control variate c and one c_i per client (all N of them, rows of an (N, n)
-tensor; c_i = 0 and c = 0 before a client first takes part). With S the sampled clients, x = w^t
+The server keeps a control variate c and one c_i per client (c_i = 0 and c = 0 before a client first
+takes part; the c_i are rows of a :class:`~fedsweep.algorithms.client_rows.ClientRows`, allocated for
+the clients that have taken part). With S the sampled clients, x = w^t
 the server model, K_i = E_i the SGD steps client i actually takes and η_l the round's local lr:
 
     y_i ← x;  K_i times:  y_i ← y_i − η_l (g_i(y_i) − c_i + c)                  (Alg. 1 lines 8–10)
@@ -50,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.algorithms import register
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.algorithms.client_rows import ClientRows
 from fedsweep.util.lazy import torch
 
 
@@ -64,6 +66,7 @@ class ScaffoldParams(BaseModel):
 class Scaffold(Algorithm):
     name = "scaffold"
     rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
+    client_rows = 1  # c_i
     Params = ScaffoldParams
     upload_models = 2.0      # Δy_i and Δc_i
     download_models = 2.0    # x and c
@@ -72,14 +75,14 @@ class Scaffold(Algorithm):
         super().__init__(params, ctx)
         self.probe = "full" if params.option == 1 else None
         self.c = torch.zeros(ctx.dim, device=ctx.device, dtype=ctx.dtype)
-        self.c_i = torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device, dtype=ctx.dtype)
+        self.c_i = ClientRows(ctx.num_clients, ctx.dim, ctx.device, ctx.dtype)
 
     # ----- server -> clients ------------------------------------------------------------------
     def broadcast(self, w, plan):
         return {"c": self.c}
 
     def client_state(self, plan):
-        return {"c_i": self.c_i[plan.clients.to(self.c_i.device)]}
+        return {"c_i": self.c_i.get(plan.clients)}
 
     # ----- client -------------------------------------------------------------------------------
     def client_init(self, w, shared, own, ops, probe):
@@ -98,9 +101,8 @@ class Scaffold(Algorithm):
     # ----- server -------------------------------------------------------------------------------
     def aggregate(self, w, uploads, plan):
         delta = uploads["delta"]
-        ids = plan.clients.to(delta.device)
         ok = plan.participated.to(delta.device).unsqueeze(1)
-        c_old = self.c_i[ids]
+        c_old = self.c_i.get(plan.clients)
         if self.params.option == 1:
             c_new = uploads["grad_x"]
         else:
@@ -108,17 +110,17 @@ class Scaffold(Algorithm):
             c_new = c_old - self.c - delta / k_lr                                   # line 12 (II)
         dc = torch.where(ok, c_new - c_old, torch.zeros_like(c_new))               # dropped: no change
         u = self.weights(plan) @ delta                                              # Δx (line 16)
-        self.c_i[ids] = c_old + dc                                                  # line 13
+        back = plan.participated
+        self.c_i.set(plan.clients[back], (c_old + dc)[back.to(delta.device)])      # line 13 (dropped: as they were)
         self.c = self.c + dc.sum(0) / self.ctx.num_clients                          # line 17
         return u
 
     def state_dict(self):
-        return {"c": self.c.clone(), "c_i": self.c_i.clone()}
+        return {"c": self.c.clone(), **self.c_i.state_dict("c_i")}
 
     def load_state_dict(self, state):
-        c, c_i = state["c"], state["c_i"]
-        if tuple(c_i.shape) != tuple(self.c_i.shape) or tuple(c.shape) != tuple(self.c.shape):
-            raise ValueError(f"scaffold state has c {tuple(c.shape)}, c_i {tuple(c_i.shape)}; "
-                             f"this run needs {tuple(self.c.shape)}, {tuple(self.c_i.shape)}")
+        c = state["c"]
+        if tuple(c.shape) != tuple(self.c.shape):
+            raise ValueError(f"scaffold state has c {tuple(c.shape)}; this run needs {tuple(self.c.shape)}")
+        self.c_i.load_state_dict(state, "c_i", "scaffold state c_i")
         self.c = c.to(self.ctx.device, self.ctx.dtype).clone()
-        self.c_i = c_i.to(self.ctx.device, self.ctx.dtype).clone()

@@ -12,4 +12,6 @@ DATASETS: dict[str, str] = {
     "fashion_mnist": "torchvision FashionMNIST, 60000/10000, 10 classes, (1, 28, 28); needs data.root",
     "cifar10": "torchvision CIFAR-10, 50000/10000, 10 classes, (3, 32, 32); needs data.root",
     "cifar100": "torchvision CIFAR-100 (fine labels), 50000/10000, 100 classes, (3, 32, 32); needs data.root",
+    "leaf": "LEAF's JSON files (FEMNIST: 3,550 writers, 62 classes, (1, 28, 28); LEAF synthetic, (d,)), "
+            "one client a user; needs data.root",
 }

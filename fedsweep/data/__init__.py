@@ -23,6 +23,7 @@ from fedsweep.data.server import server_size, split_pool
 from fedsweep.data.sources import DATASETS, Source, load_source
 from fedsweep.data.validation import central_holdout, central_holdout_natural, federated_holdout
 from fedsweep.util.lazy import torch
+from fedsweep.sim.client_index import ClientIndex
 from fedsweep.sim.rng import np_rng
 
 __all__ = ["DATASETS", "FederatedData", "Split", "load_federated", "partition", "split_federated"]
@@ -32,7 +33,8 @@ __all__ = ["DATASETS", "FederatedData", "Split", "load_federated", "partition", 
 class FederatedData:
     """Train/test tensors and each client's indices into ``x_train``.
 
-    ``client_indices`` are int64, non-empty, pairwise disjoint (together: every training sample in use
+    ``client_indices`` (a :class:`~fedsweep.sim.client_index.ClientIndex`: one array for all clients, read
+    like a list of per-client tensors; a list given here is made one) are int64, non-empty, pairwise disjoint (together: every training sample in use
     not in ``server_pool`` or the validation split). ``scheme`` is a short label of how the clients
     were formed (e.g. ``classes P=2``), for describe(). ``server_pool`` (hybrid FL, None without server
     data) holds the sorted int64 indices into ``x_train`` of the server's pool, disjoint from every
@@ -47,7 +49,7 @@ class FederatedData:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
-    client_indices: list[torch.Tensor]
+    client_indices: ClientIndex
     num_classes: int
     input_shape: tuple[int, ...]
     scheme: str = ""
@@ -57,7 +59,12 @@ class FederatedData:
     validation_fraction: float = 0.0
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
-    val_indices: list[torch.Tensor] | None = None
+    val_indices: ClientIndex | None = None
+
+    def __post_init__(self):
+        self.client_indices = ClientIndex.from_parts(self.client_indices)
+        if self.val_indices is not None:
+            self.val_indices = ClientIndex.from_parts(self.val_indices)
 
     def to(self, device: torch.device | str) -> "FederatedData":
         """A copy with every tensor on ``device`` (a no-op copy where it already is)."""
@@ -65,11 +72,11 @@ class FederatedData:
             self,
             x_train=self.x_train.to(device), y_train=self.y_train.to(device),
             x_test=self.x_test.to(device), y_test=self.y_test.to(device),
-            client_indices=[ix.to(device) for ix in self.client_indices],
+            client_indices=self.client_indices.to(device),
             server_pool=None if self.server_pool is None else self.server_pool.to(device),
             x_val=None if self.x_val is None else self.x_val.to(device),
             y_val=None if self.y_val is None else self.y_val.to(device),
-            val_indices=None if self.val_indices is None else [ix.to(device) for ix in self.val_indices])
+            val_indices=None if self.val_indices is None else self.val_indices.to(device))
 
     @property
     def num_clients(self) -> int:
@@ -78,20 +85,19 @@ class FederatedData:
     @property
     def client_sizes(self) -> torch.Tensor:
         """int64 (N,) n_i, on the device of the data."""
-        return torch.tensor([len(ix) for ix in self.client_indices], dtype=torch.int64,
-                            device=self.x_train.device)
+        return self.client_indices.sizes
 
     def describe(self) -> str:
-        sizes = [len(ix) for ix in self.client_indices]
+        sizes = self.client_indices.sizes
         scheme = f" ({self.scheme})" if self.scheme else ""
         text = (f"{self.name}: {len(self.y_train)} train / {len(self.y_test)} test, {self.num_classes} classes, "
-                f"{self.num_clients} clients{scheme}, sizes {min(sizes)}..{max(sizes)}")
+                f"{self.num_clients} clients{scheme}, sizes {int(sizes.min())}..{int(sizes.max())}")
         if self.server_pool is not None:
             per_round = ("fixed" if len(self.server_pool) == self.server_size
                          else f"m_s {self.server_size}/round")
             text += f", server pool {len(self.server_pool)} ({per_round})"
         if self.validation:
-            held = len(self.y_val) if self.y_val is not None else sum(len(ix) for ix in self.val_indices)
+            held = len(self.y_val) if self.y_val is not None else self.val_indices.values.numel()
             text += f", validation {100 * self.validation_fraction:g}% {self.validation} ({held})"
         return text
 
@@ -116,13 +122,13 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
     """
     s = split_federated(cfg, seed, server)
     src = s.source
-    x_train, y_train = torch.as_tensor(src.x_train), torch.as_tensor(src.y_train)
+    x_train, y_train = _tensor(src.x_train), _tensor(src.y_train)
     central = torch.from_numpy(s.val) if s.val is not None else None
     return FederatedData(
         name=cfg.name,
         x_train=x_train, y_train=y_train,
-        x_test=torch.as_tensor(src.x_test), y_test=torch.as_tensor(src.y_test),
-        client_indices=[torch.from_numpy(p) for p in s.parts],
+        x_test=_tensor(src.x_test), y_test=_tensor(src.y_test),
+        client_indices=ClientIndex.from_parts(s.parts),
         num_classes=src.num_classes,
         input_shape=tuple(src.x_train.shape[1:]),
         scheme=s.scheme,
@@ -132,8 +138,18 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
         validation_fraction=cfg.validation_fraction,
         x_val=x_train[central] if central is not None else None,
         y_val=y_train[central] if central is not None else None,
-        val_indices=None if s.val_parts is None else [torch.from_numpy(p) for p in s.val_parts],
+        val_indices=None if s.val_parts is None else ClientIndex.from_parts(s.val_parts),
     )
+
+
+def _tensor(a) -> "torch.Tensor":
+    """``torch.as_tensor`` without a copy, also of a source's read-only arrays (cached ones are made
+    read-only so that no run changes another's data; fedsweep only reads them, and every use indexes or
+    moves them, which copies), without torch's warning about writing to them."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.as_tensor(a)
 
 
 @dataclass

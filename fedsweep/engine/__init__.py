@@ -12,29 +12,32 @@ from dataclasses import dataclass
 import torch
 
 from fedsweep.engine.functional import FunctionalModel
+from fedsweep.sim.client_index import ClientIndex
 from fedsweep.sim.heterogeneity import Batches, RoundPlan, schedule_batches
 
 
 @dataclass
 class ClientData:
-    """Device-resident training tensors and the (N, n_max) table of each client's sample indices."""
+    """The device-resident training tensors that batches (``Batches.index``) index into."""
     x: torch.Tensor
     y: torch.Tensor
-    table: torch.Tensor  # on the same device as x
 
 
-def probe_batches(kind: str | None, plan: RoundPlan, table_cpu: torch.Tensor, batch_size: int,
+def probe_batches(kind: str | None, plan: RoundPlan, clients: ClientIndex, batch_size: int,
                   seed: int) -> Batches | None:
     """The data each client evaluates at w^t (``Algorithm.probe``): one fresh minibatch, or all of it.
 
-    Returned with one "step": index/mask of shape (K, 1, B) or (K, 1, n_max).
+    Returned with one "step": index/mask of shape (K, 1, B) or (K, 1, n_max). n_max is the largest
+    client's of all N, fixed for the run, so that the vectorized engine's padded sums are the same
+    whoever is sampled; it costs K·n_max sample slots a round, which with heavy-tailed client sizes
+    (FedProx synthetic at N = 10^6) is far more than the K clients' own data: a minibatch probe
+    (``scaffold`` option 2, ``loss_batch``/``gradient_batch: minibatch``) costs B.
     """
     if kind is None:
         return None
     if kind == "minibatch":
-        return schedule_batches(plan, table_cpu, batch_size, "steps", seed, steps=1, purpose="probe")
-    rows = table_cpu[plan.clients]                                    # (K, n_max)
-    mask = torch.arange(rows.shape[1]).view(1, -1) < plan.sizes.view(-1, 1)
+        return schedule_batches(plan, clients, batch_size, "steps", seed, steps=1, purpose="probe")
+    rows, mask = clients.rows(plan.clients)                           # (K, n_max of all N)
     return Batches(rows.unsqueeze(1), mask.unsqueeze(1))
 
 

@@ -30,7 +30,7 @@ from fedsweep.data import FederatedData, load_federated
 from fedsweep.engine import ClientData, choose_engine, make_engine, probe_batches
 from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
-from fedsweep.sim.heterogeneity import Planner, client_tables, decayed_lr, schedule_batches
+from fedsweep.sim.heterogeneity import Planner, decayed_lr, schedule_batches
 from fedsweep.sim.models import build_model
 from fedsweep.sim.rng import derive_seed, generator, np_rng
 
@@ -91,7 +91,7 @@ class FederatedModule(L.LightningModule):
         self.fmodel = FunctionalModel(net)
         self.w = nn.Parameter(self.fmodel.flatten())
         self.planner = Planner(cfg, self.data.client_sizes)
-        self.table_cpu = client_tables(self.data.client_indices)
+        self.clients_cpu = self.data.client_indices   # the CPU copy that batch schedules are made from
         self.algorithm = None            # built in setup(), once the device is known
         self.engine = None
         self.engine_name = None          # what `engine` resolved to (auto: by model and device)
@@ -126,7 +126,7 @@ class FederatedModule(L.LightningModule):
         if self._pending_algo_state is not None:
             self.algorithm.load_state_dict(self._pending_algo_state)
             self._pending_algo_state = None
-        client_data = ClientData(self.data.x_train, self.data.y_train, self.table_cpu.to(dev))
+        client_data = ClientData(self.data.x_train, self.data.y_train)
         self.engine_name = choose_engine(self.cfg.engine, self.fmodel.module, dev)
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
 
@@ -166,8 +166,8 @@ class FederatedModule(L.LightningModule):
         batches = probe = None
         if algo.uses_clients:
             dev = self.w.device
-            batches = schedule_batches(plan, self.table_cpu, cfg.local.batch_size, cfg.local.unit, cfg.seed).to(dev)
-            probe = probe_batches(algo.probe, plan, self.table_cpu, cfg.local.batch_size, cfg.seed)
+            batches = schedule_batches(plan, self.clients_cpu, cfg.local.batch_size, cfg.local.unit, cfg.seed).to(dev)
+            probe = probe_batches(algo.probe, plan, self.clients_cpu, cfg.local.batch_size, cfg.seed)
             probe = probe.to(dev) if probe is not None else None
         return RoundWork(plan, batches, probe, shared, own)
 
@@ -284,12 +284,14 @@ class FederatedModule(L.LightningModule):
         """The pooled federated validation samples (indices into ``x_train``) read after round t: of every
         client holding some, or of ``eval.validation_clients`` of them drawn without replacement from
         (seed, t, "validation clients"), the same for every engine and for a packed or resumed run."""
-        holders = [i for i, ix in enumerate(self.data.val_indices) if len(ix)]
+        val = self.data.val_indices
+        holders = torch.nonzero(val.sizes).flatten().cpu().numpy()
         wanted = self.cfg.eval.validation_clients
-        if wanted is not None and wanted < len(holders):
-            rng = np_rng(self.cfg.seed, t, "validation clients")
-            holders = sorted(int(i) for i in rng.choice(holders, size=wanted, replace=False))
-        return torch.cat([self.data.val_indices[i] for i in holders])
+        if wanted is None or wanted >= len(holders):
+            return val.values                                   # every holder's, in client order
+        rng = np_rng(self.cfg.seed, t, "validation clients")
+        chosen = sorted(int(i) for i in rng.choice(holders, size=wanted, replace=False))
+        return torch.cat([val[i] for i in chosen])
 
     def validation_step(self, batch, batch_idx):
         """``trainer.validate``: test (and validation) metrics of the current global model. During ``fit`` evaluation

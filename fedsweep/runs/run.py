@@ -171,6 +171,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
     round (``fedsweep run`` opens its MLflow run there: a run refused before then leaves none)."""
     from fedsweep.runs.checkpoints import Checkpointer, check_checkpoint
     from fedsweep.util.allocator import keep_freed_memory
+    from fedsweep.runs.memory import check_state_fits, memory_line, state_bound, state_line
     from fedsweep.runs.module import FederatedModule
     from fedsweep.util.startup import end_startup
     quiet_logs()
@@ -184,6 +185,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         module.identity = identity
         if resume is not None:
             check_checkpoint(resume, module)
+        check_state_fits([(cfg, state_bound(cfg, module.fmodel.dim))], accelerator)
         if progress:
             from fedsweep.engine import choose_engine
             engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
@@ -194,6 +196,7 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
             if engine == "vectorized" and choose_engine("auto", module.fmodel.module, accelerator) == "loop":
                 print("note: on CPU the loop engine runs conv models faster than the vectorized one "
                       "(benchmarks/README.md); engine: auto picks it", file=sys.stderr, flush=True)
+            print(memory_line(cfg, module.data, module.fmodel.dim), file=sys.stderr, flush=True)
         if before_fit is not None:
             before_fit()
         cbs = list(callbacks)
@@ -215,6 +218,9 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
             raise
         module.interrupted = bool(stop.signal) and module.rounds_done < cfg.rounds
         module.record_eval()   # a run cut short (divergence, max_rounds, Ctrl-C) still ends evaluated
+        held = state_line(module.algorithm, module.data.num_clients) if progress and module.algorithm else None
+        if held:
+            print(held, file=sys.stderr, flush=True)
     return module
 
 

@@ -124,7 +124,7 @@ class PackedModule(L.LightningModule):
         """The engine of a group: the client code of ``member``'s algorithm on the packed data."""
         key = client_code(member.cfg)
         if key not in self.engines:
-            self.engines[key] = VectorizedEngine(member.fmodel, member.algorithm, ClientData(self.x, self.y, None))
+            self.engines[key] = VectorizedEngine(member.fmodel, member.algorithm, ClientData(self.x, self.y))
         return self.engines[key]
 
     def configure_optimizers(self):
@@ -263,12 +263,14 @@ def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None,
     """Fit the members of a pack; returns the module (``module.members[i].history`` per config).
     ``ids``: the members' sweep trial indices, kept in the checkpoint (default 0..n-1)."""
     from fedsweep.util.allocator import keep_freed_memory
+    from fedsweep.runs.memory import check_state_fits, state_bound
     from fedsweep.runs.run import lightning_trainer, matmul_precision, quiet_logs, resolve_device
     quiet_logs()
     keep_freed_memory()
     devices = {resolve_device(c.device) for c in cfgs}
     with matmul_precision(cfgs[0].matmul_precision):   # one in a pack: sweep.pack_key
         module = PackedModule(cfgs, data=data, max_rows=max_rows, ids=ids)
+        check_state_fits([(m.cfg, state_bound(m.cfg, m.fmodel.dim)) for m in module.members], next(iter(devices)))
         # One epoch of `rounds` training steps: with one optimizer per member, Lightning counts every
         # member's server step as a step of its own, so max_steps cannot count rounds here.
         trainer = lightning_trainer(devices.pop(), -1, list(callbacks), max_epochs=1)
