@@ -199,3 +199,19 @@ def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), "x.yaml", "--baseline", str(tmp_path)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and "not a fedsweep checkout" in proc.stderr
+
+
+def test_clients_benchmark(tmp_path):
+    """benchmarks/clients.py: one fresh process a case and repeat, the ratio to N's smallest, the state
+    SCAFFOLD held and the memory figures it promises."""
+    out = tmp_path / "clients.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "clients.py"), "--clients", "100", "2000",
+                    "--algorithms", "scaffold", "--k", "10", "--rounds", "3", "--repeat", "2",
+                    "--threads", "1", "--json", str(out)], check=True, capture_output=True, cwd=tmp_path)
+    result = json.loads(out.read_text())
+    assert result["repeat"] == 2 and result["threads"] == 1
+    rows = result["results"]
+    assert [(r["algorithm"], r["clients"]) for r in rows] == [("scaffold", 100), ("scaffold", 2000)]
+    assert all(len(r["round_ms_each"]) == 2 and r["round_ms"] > 0 and r["peak_rss_mb"] > r["data_mb"] for r in rows)
+    assert rows[0]["round_vs_smallest_n"] == 1.0 and rows[1]["data_mb"] > 10 * rows[0]["data_mb"]
+    assert all(0 < r["clients_with_state"] <= 30 and r["client_state_mb"] > 0 for r in rows)
