@@ -36,22 +36,31 @@ class ClientRows:
     def get(self, ids: "torch.Tensor") -> "torch.Tensor":
         """(K, n): the rows of clients ``ids`` (zeros for clients without one)."""
         slots = self.slot[ids.cpu()]
-        out = torch.zeros(len(slots), self.dim, device=self.device, dtype=self.dtype)
         held = slots >= 0
-        if bool(held.any()):
-            out[held.to(self.device)] = self.rows[slots[held].to(self.device)]
+        if not bool(held.any()):
+            return torch.zeros(len(slots), self.dim, device=self.device, dtype=self.dtype)
+        out = self.rows[slots.clamp(min=0).to(self.device)]       # one gather, as the dense table's
+        if not bool(held.all()):
+            out[(~held).to(self.device)] = 0                      # clients without a row read zeros
         return out
 
-    def set(self, ids: "torch.Tensor", values: "torch.Tensor") -> None:
-        """Write the rows of clients ``ids`` (distinct), allocating those they do not have yet."""
+    def set(self, ids: "torch.Tensor", values: "torch.Tensor", where: "torch.Tensor | None" = None) -> None:
+        """Write the rows of clients ``ids`` (distinct), allocating those they do not have yet; with
+        ``where`` (bool, like ``ids``) only theirs where it is true (a dropped client keeps its row, or
+        gets none)."""
         ids = ids.cpu()
-        new = ids[self.slot[ids] < 0]
+        if where is not None and not bool(where.all()):
+            keep = torch.nonzero(where.cpu()).flatten()
+            ids, values = ids[keep], values.index_select(0, keep.to(values.device))
+        slots = self.slot[ids]
+        new = ids[slots < 0]
         if new.numel():
             start = len(self)
             self._reserve(start + new.numel())
             self.slot[new] = torch.arange(start, start + new.numel())
             self.clients = torch.cat([self.clients, new])
-        self.rows[self.slot[ids].to(self.device)] = values.to(self.device, self.dtype)
+            slots = self.slot[ids]
+        self.rows[slots.to(self.device)] = values.to(self.device, self.dtype)
 
     def _reserve(self, count: int) -> None:
         """Room for ``count`` rows: capacity doubles (amortized O(1) a new client), never past N."""

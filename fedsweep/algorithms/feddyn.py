@@ -91,9 +91,8 @@ class FedDyn(Algorithm):
         delta = uploads["delta"]
         ok = plan.participated.to(delta.device).unsqueeze(1)
         delta = torch.where(ok, delta, torch.zeros_like(delta))                     # dropped: nothing
-        back = plan.participated
-        ids = plan.clients[back]
-        self.grad_prev.set(ids, self.grad_prev.get(ids) - alpha * delta[back.to(delta.device)])   # line 6
+        ids = plan.clients
+        self.grad_prev.set(ids, self.grad_prev.get(ids) - alpha * delta, where=plan.participated)   # line 6
         self.h = self.h - alpha * delta.sum(0) / self.ctx.num_clients               # line 9
         if not bool(ok.any()):
             return torch.zeros_like(w)

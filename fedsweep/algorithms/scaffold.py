@@ -110,8 +110,7 @@ class Scaffold(Algorithm):
             c_new = c_old - self.c - delta / k_lr                                   # line 12 (II)
         dc = torch.where(ok, c_new - c_old, torch.zeros_like(c_new))               # dropped: no change
         u = self.weights(plan) @ delta                                              # Δx (line 16)
-        back = plan.participated
-        self.c_i.set(plan.clients[back], (c_old + dc)[back.to(delta.device)])      # line 13 (dropped: as they were)
+        self.c_i.set(plan.clients, c_old + dc, where=plan.participated)          # line 13 (dropped: as they were)
         self.c = self.c + dc.sum(0) / self.ctx.num_clients                          # line 17
         return u
 
