@@ -76,7 +76,7 @@ class ClientIndex:
     def rows(self, clients: "torch.Tensor", width: int | None = None) -> tuple["torch.Tensor", "torch.Tensor"]:
         """The clients' whole index lists padded to ``width`` (default: the largest client's size, N's
         largest): ``(index, mask)`` of shape (K, width), padding 0 and masked out."""
-        sizes = self.sizes[clients]
+        sizes = self.offsets[clients + 1] - self.offsets[clients]   # the K clients' only: not all N's
         width = self.max_size if width is None else width
         pos = torch.arange(width).view(1, width)
         mask = pos < sizes.view(-1, 1)
