@@ -60,6 +60,22 @@ def end_session(sid: int, grace: float = 5.0, signals=(signal.SIGTERM, signal.SI
             time.sleep(0.2)
 
 
+def interrupt(proc: subprocess.Popen, timeout: float, *, group: bool = True) -> None:
+    """Ctrl-C to a process we started (to its process group with ``group``) and wait for it; if it has
+    not ended within ``timeout`` s, SIGKILL its group. Nothing if it has ended already."""
+    if proc.poll() is not None:
+        return
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @contextmanager
 def ray_head(home: Path, *, token: bool = False, num_cpus: int = 2, num_gpus: int = 0, ip: str = "127.0.0.1",
              system_config: dict | None = None):

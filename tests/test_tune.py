@@ -20,6 +20,7 @@ from fedsweep.cli import main
 from fedsweep.util.locks import _processes, store_lock
 from fedsweep.sweep.spec import expand, load_sweep
 from conftest import write_mnist
+from raycluster import interrupt
 
 pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.ray: none is shared
 
@@ -1032,13 +1033,8 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
             browser.close()
     finally:
         for proc in (live, ui):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            if proc is not None:
+                interrupt(proc, 60)
     assert ui.returncode == 0 and live.returncode == 130    # both stopped by Ctrl-C, cleanly
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
+from raycluster import interrupt
 
 
 def descendants(pid: int) -> list[int]:
@@ -101,13 +102,7 @@ def test_it_serves_the_sweeps_runs_on_a_free_port_and_ctrl_c_stops_all_of_it(tmp
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
     finally:
-        if ui.poll() is None:     # Ctrl-C first: fedsweep ui then stops the UI's own session too
-            os.kill(ui.pid, signal.SIGINT)
-            try:
-                ui.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(ui.pid, signal.SIGKILL)
-                ui.wait()
+        interrupt(ui, 30, group=False)   # Ctrl-C first: fedsweep ui then stops the UI's own session too
 
 
 def test_a_killed_fedsweep_ui_leaves_no_mlflow_process(tmp_path):
