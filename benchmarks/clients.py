@@ -39,8 +39,8 @@ def case(n: int, algorithm: str, k: int, rounds: int, mean_samples: int, threads
     from fedsweep.runs.run import train
     cfg = build_config({
         "seed": 0, "rounds": rounds, "clients_per_round": k, "device": "cpu", "engine": "vectorized",
-        "data": {"name": "synthetic", "num_clients": n, "synthetic": {"mean_samples": mean_samples}},
-        "model": {"name": "mlp", "hidden": 400}, "local": {"steps": 5, "batch_size": 10, "lr": 0.05},
+        "data": {"name": "synthetic", "num_clients": n, "options": {"mean_samples": mean_samples}},
+        "model": {"name": "mlp", "options": {"hidden": 400}}, "local": {"steps": 5, "batch_size": 10, "lr": 0.05},
         "algorithm": {"name": algorithm}, "eval": {"every": rounds}, "mlflow": {"enabled": False}})
     start = time.perf_counter()
     data = load_federated(cfg.data, cfg.seed)

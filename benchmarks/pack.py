@@ -245,14 +245,14 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
         return 0
-    from fedsweep.runs.bench import SHAPES, synthetic
+    from fedsweep.runs.bench import shape, synthetic
     from fedsweep.sweep.pack import train_packed
     from fedsweep.runs.run import train
     rows = []
     print(f"{'model':<10}{'pack':>6}{'packed s':>10}{'one by one s':>14}{'cfg-rounds/s packed':>21}{'ratio':>8}",
           file=sys.stderr)
     for model in args.models:
-        data = synthetic(100, SHAPES[model])
+        data = synthetic(100, shape(model))
         warm = configs(model, 1, 2, args.device, args.engine, args.matmul_precision)
         train(warm[0], progress=False, data=data)
         for pack in args.packs:

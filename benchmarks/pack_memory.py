@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     cfgs = [build_config({
         "seed": s, "rounds": 1, "clients_per_round": 2, "device": "cpu",
         "data": {"name": "cifar10", "root": args.root, "num_clients": 100, "partition": {"kind": "iid"}},
-        "model": {"name": "mlp", "hidden": 16}, "local": {"steps": 1, "batch_size": 4, "lr": 0.1},
+        "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 1, "batch_size": 4, "lr": 0.1},
         "eval": {"every": 1, "batch_size": 2000}, "mlflow": {"enabled": False}}) for s in range(args.pack)]
     t0 = time.perf_counter()
     train_packed(cfgs)

@@ -1,2 +1,39 @@
-"""fedsweep: simulate system-heterogeneous federated learning and sweep its hyperparameters."""
+"""fedsweep: simulate system-heterogeneous federated learning and sweep its hyperparameters.
+
+The public API (docs/extending.md), imported on first use so that ``import fedsweep`` stays cheap:
+
+- your own components, used by name in any config or sweep file once the file that registers them
+  is named in ``plugins:``: :func:`register_algorithm` (a subclass of :class:`Algorithm`),
+  :func:`register_model` (an ``nn.Module`` class or factory), :func:`register_dataset` (a function
+  returning a :class:`Source`).
+"""
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "register_algorithm": "fedsweep.config.registry",
+    "register_model": "fedsweep.config.registry",
+    "register_dataset": "fedsweep.config.registry",
+    "Algorithm": "fedsweep.algorithms.base",
+    "ModelOps": "fedsweep.algorithms.base",
+    "RoundPlan": "fedsweep.sim.heterogeneity",
+    "Source": "fedsweep.data.contract",
+    "ConfigError": "fedsweep.util.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedsweep' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,4 +1,4 @@
-"""Command line: ``fedsweep run | tune | report | ui | log | config | bench | algorithms | datasets``.
+"""Command line: ``fedsweep run | tune | report | ui | log | config | bench | algorithms | models | datasets``.
 
 User errors (bad keys, values, missing files) print one line and exit with status 2, before any
 training starts; no traceback.
@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import get_args
 
-from fedsweep.config.schema import ConfigError, ModelConfig
+from fedsweep.config.schema import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,17 +88,21 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="rounds per second of both engines, side by side")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     b.add_argument("--clients", type=int, nargs="+", default=[10, 50, 100], metavar="K")
-    b.add_argument("--models", nargs="+", default=["mlp", "cnn"],
-                   choices=get_args(ModelConfig.model_fields["name"].annotation),   # every model config allows
-                   help="models to time, each on synthetic data of its input's shape (CIFAR's for resnet18 "
-                   "and mobilenet_v2)")
+    b.add_argument("--models", nargs="+", default=["mlp", "cnn"], metavar="MODEL",
+                   help="registered models to time (`fedsweep models`), each on synthetic data of the input shape it "
+                   "was registered with (CIFAR's for resnet18 and mobilenet_v2)")
+    b.add_argument("--plugins", metavar="FILE", help="a plugin file (or a config naming plugins) whose models to time")
     b.add_argument("--rounds", type=int, default=5, help="timed rounds per case (after one warm-up)")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     b.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
                    help="the runs' matmul_precision (docs/config.md); high: TF32 on NVIDIA tensor cores")
 
-    sub.add_parser("algorithms", help="list the algorithms and their parameters")
-    sub.add_parser("datasets", help="list the datasets and where their data comes from")
+    for kind, what in (("algorithms", "the algorithms and their parameters (algorithm.*)"),
+                       ("models", "the models and their options (model.options.*)"),
+                       ("datasets", "the datasets, where their data comes from, and their options (data.options.*)")):
+        ls = sub.add_parser(kind, help=f"list {what}")
+        ls.add_argument("file", nargs="?", metavar="FILE", help="a run config or sweep file (or a plugin .py file or "
+                        "package folder): list its plugins' too")
     c = sub.add_parser("config", help="validate a config and print it resolved (every default filled in)")
     c.add_argument("config")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -231,22 +234,9 @@ def _dispatch(args) -> int:
     if args.command == "bench":
         from fedsweep.runs.bench import main as bench_main
         return bench_main(args)
-    if args.command == "datasets":
-        from fedsweep.config.catalog import DATASETS
-        for name, text in DATASETS.items():
-            print(f"{name:<14} {text}")
-        return 0
-    if args.command == "algorithms":
-        import textwrap
-
-        from fedsweep.algorithms import available, get_algorithm_class
-        from fedsweep.config.registry import description
-        for name in available():
-            cls = get_algorithm_class(name)
-            print(textwrap.fill(description(name), width=100, initial_indent=f"{name:<12} ",
-                                subsequent_indent=" " * 13, break_on_hyphens=False))
-            for key, field in cls.Params.model_fields.items():
-                print(f"    algorithm.{key} (default {field.default!r}): {field.description}")
+    if args.command in ("algorithms", "models", "datasets"):
+        from fedsweep.config.listing import list_components
+        print(list_components(args.command, args.file), end="")
         return 0
     return 1
 
@@ -267,7 +257,7 @@ def _report(args) -> int:
     """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read."""
     from mlflow.exceptions import MlflowException
 
-    from fedsweep.report import write_report
+    from fedsweep.reports import write_report
     from fedsweep.sweep.search import sampled_keys
     from fedsweep.sweep.checks import check_report, reference_method
     from fedsweep.sweep.spec import expand, load_sweep

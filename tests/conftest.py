@@ -16,7 +16,7 @@ def tiny_raw(**over) -> dict:
     raw = {
         "seed": 3, "rounds": 3, "clients_per_round": 4, "device": "cpu",
         "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes", "classes_per_client": 2}},
-        "model": {"name": "mlp", "hidden": 16},
+        "model": {"name": "mlp", "options": {"hidden": 16}},
         "local": {"steps": 4, "batch_size": 5, "lr": 0.1},
         "heterogeneity": {"kind": "stragglers", "rho": 0.5},
         "algorithm": {"name": "fedavg"},

@@ -191,5 +191,5 @@ def test_a_rowwise_client_final_that_returns_no_row_per_client_is_named():
         ShapeCheckAlgo.rowwise = False            # under vmap the same code runs
         assert train(cfg, progress=False).rounds_done == cfg.rounds
     finally:
-        from fedsweep.config import registry
-        registry._REGISTRY.pop("shape_check_algo", None)
+        from fedsweep.config.registry import ALGORITHMS
+        ALGORITHMS.remove("shape_check_algo")

@@ -115,7 +115,7 @@ def test_config_error_and_registry_have_one_home():
 SWEEP = {
     "base": {"rounds": 4, "clients_per_round": 4, "device": "cpu",
              "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
-             "model": {"name": "mlp", "hidden": 16}, "local": {"steps": 4, "batch_size": 5, "lr": 0.1},
+             "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 4, "batch_size": 5, "lr": 0.1},
              "heterogeneity": {"kind": "stragglers", "rho": 0.5}, "eval": {"every": 2}},
     "grid": {"local.lr": [0.1, 0.2]},
     "methods": {"fedavg": {}, "fedlga": {"algorithm.damping": [1.0]}},

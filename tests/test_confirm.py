@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.r
 SWEEP = {
     "base": {"rounds": 20, "clients_per_round": 4, "device": "cpu",
              "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
-             "model": {"name": "mlp", "hidden": 16}, "eval": {"every": 5, "target_accuracy": 0.5}},
+             "model": {"name": "mlp", "options": {"hidden": 16}}, "eval": {"every": 5, "target_accuracy": 0.5}},
     "grid": {"local.lr": [0.02, 0.2], "heterogeneity.rho": [0.0, 0.5]},
     "methods": {"fedavg": {}, "fedprox": {"algorithm.mu": [0.01]}},
     "seeds": [0, 1],
@@ -95,7 +95,7 @@ def test_the_selected_configs_are_confirmed_on_fresh_seeds_and_scored_on_them(tm
     assert sorted(int(r.data.tags["fedsweep.trial"]) for r in confirm) == list(range(16, 24))
     assert all(r.data.tags["fedsweep.status"] == "finished" and r.info.run_name.endswith(" confirm") for r in confirm)
 
-    from fedsweep.report.trials import selected_configs
+    from fedsweep.reports.trials import selected_configs
     chosen = selected_configs(uri, "conf", "conf", ["heterogeneity.rho"], "fedavg")
     assert len(chosen) == 4                                   # each method under each rho
     picked = set(chosen["config_id"])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig, SyntheticConfig
+from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig
 from fedsweep.data import FederatedData, load_federated
 from fedsweep.data.sources import TORCHVISION, check_files, digits_arrays
 from conftest import write_mnist
@@ -121,7 +121,7 @@ def test_mnist_5k_trains_every_model_and_is_checked_before_ray():
     from fedsweep.sweep.spec import Trial
     from conftest import tiny_raw
     data = {"name": "mnist_5k", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
-    for model in ({"name": "mlp", "hidden": 16}, {"name": "lenet5"}, {"name": "cnn"}):
+    for model in ({"name": "mlp", "options": {"hidden": 16}}, {"name": "lenet5"}, {"name": "cnn"}):
         m = train(build_config(tiny_raw(data=data, model=model, rounds=1, clients_per_round=2,
                                         local={"steps": 2, "batch_size": 4, "lr": 0.05})), progress=False)
         assert m.data.input_shape == (1, 28, 28) and m.history[-1]["test/accuracy"] >= 0
@@ -137,8 +137,8 @@ def test_mnist_5k_trains_every_model_and_is_checked_before_ray():
 # ---------------------------------------------------------------------------------------------
 
 def test_synthetic_shapes_and_natural_split():
-    s = SyntheticConfig(alpha=1.0, beta=1.0, dimension=20, num_classes=5, mean_samples=80)
-    d = load_federated(DataConfig(name="synthetic", num_clients=30, synthetic=s, test_fraction=0.2), seed=0)
+    s = dict(alpha=1.0, beta=1.0, dimension=20, num_classes=5, mean_samples=80)
+    d = load_federated(DataConfig(name="synthetic", num_clients=30, options=s, test_fraction=0.2), seed=0)
     assert d.input_shape == (20,) and d.x_train.shape[1:] == (20,) and d.x_test.shape[1:] == (20,)
     assert d.x_train.dtype == torch.float32 and d.y_train.dtype == torch.int64
     assert d.num_classes == 5 and int(d.y_train.max()) < 5 and int(d.y_train.min()) >= 0
@@ -162,8 +162,8 @@ def test_synthetic_deterministic_and_ignores_partition():
 
 def test_synthetic_beta_controls_input_heterogeneity():
     def spread(beta):
-        s = SyntheticConfig(alpha=0.0, beta=beta, dimension=10, mean_samples=200)
-        d = load_federated(DataConfig(name="synthetic", num_clients=20, synthetic=s), seed=0)
+        s = dict(alpha=0.0, beta=beta, dimension=10, mean_samples=200)
+        d = load_federated(DataConfig(name="synthetic", num_clients=20, options=s), seed=0)
         means = torch.stack([d.x_train[ix].mean(0) for ix in d.client_indices])
         return float(means.mean(1).std())  # spread of the clients' B_k
 

@@ -14,7 +14,7 @@ from conftest import tiny_raw
 from fedsweep.cli import main
 from fedsweep.config.schema import ConfigError, DataConfig, ServerDataConfig, build_config
 from fedsweep.data import load_federated, split_federated
-from fedsweep.data.leaf import load_leaf
+from fedsweep.data.sources import load_source
 from fedsweep.runs.run import train
 from fedsweep.sim.rng import np_rng
 from test_tune import trial_runs
@@ -94,7 +94,7 @@ def test_one_client_a_user_in_sorted_order_and_the_test_set_their_union(folder):
 
 
 def test_data_root_may_be_the_dataset_folder_or_its_data_folder(folder):
-    a, b = (load_leaf(leaf(r), seed=0) for r in (folder, os.path.dirname(folder)))
+    a, b = (load_source(leaf(r), seed=0) for r in (folder, os.path.dirname(folder)))
     assert a.x_train is b.x_train and a.y_test is b.y_test
 
 
@@ -106,19 +106,19 @@ def test_femnist_images_load_as_28x28_and_become_tensors(tmp_path):
 
 
 def test_the_files_are_parsed_once_until_they_change_and_their_arrays_are_read_only(folder):
-    first, again = load_leaf(leaf(folder), 0), load_leaf(leaf(folder), 1)
+    first, again = load_source(leaf(folder), 0), load_source(leaf(folder), 1)
     assert again.x_train is first.x_train and again.client_indices[0] is first.client_indices[0]
     for a in (first.x_train, first.y_train, first.x_test, first.y_test, *first.client_indices):
         assert not a.flags.writeable
     edit(folder, "train", 0, lambda d: d["user_data"]["w07"].update(y=[2] + d["user_data"]["w07"]["y"][1:]))
     os.utime(os.path.join(folder, "train", "all_data_0_niid_0_keep_0_train_9.json"), ns=(1, 1))   # a new stamp
-    changed = load_leaf(leaf(folder), 0)
+    changed = load_source(leaf(folder), 0)
     assert changed.x_train is not first.x_train and changed.y_train[changed.client_indices[SORTED.index("w07")][0]] == 2
 
 
 def test_fewer_clients_than_users_is_a_subset_drawn_from_the_seed(folder):
     def users(seed):
-        src = load_leaf(leaf(folder, num_clients=3), seed)
+        src = load_source(leaf(folder, num_clients=3), seed)
         held = [sorted({f"w{int(v):02d}" for v in src.x_train[p, 0]}) for p in src.client_indices]
         assert all(len(h) == 1 for h in held)
         return [h[0] for h in held], src
@@ -221,12 +221,12 @@ def test_users_drawn_without_a_test_sample_are_refused(tmp_path):
     seed = next(s for s in range(100) if np_rng(s, -1, "leaf_users").choice(3, 1)[0] != 1)   # not u2
     with pytest.raises(ConfigError, match=f"^data.num_clients: the 1 users drawn at seed {seed} have no test sample "
                                           "under .*; allowed 1..3: draw more of them$"):
-        load_leaf(leaf(folder, num_clients=1), seed)
+        load_source(leaf(folder, num_clients=1), seed)
 
 
 def test_a_root_that_is_no_folder_is_named(tmp_path):
     with pytest.raises(ConfigError, match=f"data.root: {tmp_path / 'nowhere'} is not a folder"):
-        load_leaf(leaf(tmp_path / "nowhere"), 0)
+        load_source(leaf(tmp_path / "nowhere"), 0)
 
 
 # ---- with the rest of fedsweep ---------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_a_sweep_on_leaf_runs_on_ray_tune_into_mlflow_and_reports(tmp_path, monk
             "methods": {"fedavg": {}, "fedprox": {"algorithm.mu": [0.01]}},
             "base": {"rounds": 2, "clients_per_round": 3, "device": "cpu", "mlflow": {"tracking_uri": uri},
                      "data": {"name": "leaf", "root": os.path.relpath(write_leaf(tmp_path / "toy")), "num_clients": 5},
-                     "model": {"name": "mlp", "hidden": 8}, "local": {"steps": 2, "batch_size": 4},
+                     "model": {"name": "mlp", "options": {"hidden": 8}}, "local": {"steps": 2, "batch_size": 4},
                      "eval": {"every": 1, "target_accuracy": 0.05}}}
     (tmp_path / "leaf.yaml").write_text(yaml.safe_dump(spec))
     assert main(["tune", "leaf.yaml"]) == 0

@@ -233,7 +233,7 @@ def test_two_runs_never_write_one_checkpoint_folder_at_once(tmp_path, capsys):
 
 SWEEP = {
     "base": {"rounds": 3000, "clients_per_round": 4, "device": "cpu",
-             "data": {"name": "digits", "num_clients": 8}, "model": {"name": "mlp", "hidden": 16},
+             "data": {"name": "digits", "num_clients": 8}, "model": {"name": "mlp", "options": {"hidden": 16}},
              "eval": {"every": 100}, "mlflow": {"retry_seconds": 5}},
     "grid": {"local.lr": [0.05, 0.1]},
     "seeds": [0],

@@ -3,10 +3,12 @@ import pytest
 import torch
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from fedsweep.config.registry import MODELS as REGISTRY
 from fedsweep.config.schema import ConfigError, ModelConfig
-from fedsweep.sim.models import MODELS, build_model, param_count
+from fedsweep.sim.models import build_model, param_count
 
 IMAGES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
+MODELS = [e.name for e in REGISTRY.entries() if e.builtin]     # fedsweep's own
 CONV = [m for m in MODELS if m != "mlp"]
 
 

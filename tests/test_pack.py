@@ -159,7 +159,7 @@ def test_a_pack_trains_at_its_matmul_precision_and_puts_back_the_one_before():
 
 
 def test_configs_that_cannot_share_a_pack_are_refused():
-    a, b = build_config(tiny_raw()), build_config(tiny_raw(model={"name": "mlp", "hidden": 32}))
+    a, b = build_config(tiny_raw()), build_config(tiny_raw(model={"name": "mlp", "options": {"hidden": 32}}))
     assert pack_key(a) != pack_key(b)
     assert pack_key(a) == pack_key(build_config(tiny_raw(seed=9, data={"name": "digits", "num_clients": 5})))
     assert pack_key(a) != pack_key(build_config({**tiny_raw(), "matmul_precision": "high"}))

@@ -65,7 +65,7 @@ def test_each_method_has_one_colour_in_every_plot(tmp_path: Path):
     import matplotlib.colors as mcolors
 
     from fedsweep.algorithms import available
-    from fedsweep.report.plots import _colors
+    from fedsweep.reports.plots import _colors
     from fedsweep.runs.plots import METHOD_COLORS, method_color
     assert set(METHOD_COLORS) == set(available()) and len(set(METHOD_COLORS.values())) == len(METHOD_COLORS)
     assert _colors(["fedavg", "fedlga"])["fedavg"] == _colors(["scaffold", "fedavg"])["fedavg"] == "#1f77b4"

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.report import (best_configs, config_table, load_trials, rounds_to_target_png, seed_values,
+from fedsweep.reports import (best_configs, config_table, load_trials, rounds_to_target_png, seed_values,
                              selection_rule, write_report)
-from fedsweep.report.stats import COLUMNS, add_intervals
+from fedsweep.reports.stats import COLUMNS, add_intervals
 
 SWEEP, EXPERIMENT, TARGET, ROUNDS = "fakesweep", "fake-exp", 0.8, 60
 
@@ -276,7 +276,7 @@ def test_settings_curves_only_when_a_setting_varies(store_target, tmp_path):
 
 
 def test_never_reached_cell(store_target, tmp_path):
-    from fedsweep.report.tables import _rounds_table
+    from fedsweep.reports.tables import _rounds_table
     trials = load_trials(store_target, EXPERIMENT, SWEEP)
     best = best_configs(config_table(trials))
     best = add_intervals(best, seed_values(best, trials, ["rounds_to_target"]), {"rtt": "rounds_to_target"})

@@ -108,8 +108,8 @@ def test_client_rows_read_and_write_as_the_dense_table_does():
 
 def test_state_is_allocated_for_the_clients_that_took_part_only(tmp_path):
     cfg = build_config({"rounds": 6, "clients_per_round": 5, "mlflow": {"enabled": False},
-                        "data": {"name": "synthetic", "num_clients": 5000, "synthetic": {"mean_samples": 3}},
-                        "model": {"hidden": 16}, "algorithm": {"name": "scaffold"},
+                        "data": {"name": "synthetic", "num_clients": 5000, "options": {"mean_samples": 3}},
+                        "model": {"options": {"hidden": 16}}, "algorithm": {"name": "scaffold"},
                         "heterogeneity": {"kind": "profiles", "dropout": 0.4}})
     m = train(cfg, progress=False)
     took_part = set()
@@ -143,8 +143,8 @@ def test_a_checkpoint_with_the_whole_table_loads(name, table):
 
 def test_state_that_cannot_fit_is_refused_in_one_line_before_training(capsys, tmp_path, monkeypatch):
     cfg = build_config({"rounds": 4000, "clients_per_round": 10, "mlflow": {"enabled": False},
-                        "data": {"name": "synthetic", "num_clients": 20_000, "synthetic": {"mean_samples": 2}},
-                        "model": {"hidden": 50_000}, "algorithm": {"name": "feddyn"}})
+                        "data": {"name": "synthetic", "num_clients": 20_000, "options": {"mean_samples": 2}},
+                        "model": {"options": {"hidden": 50_000}}, "algorithm": {"name": "feddyn"}})
     bound = state_bound(cfg, dim=61 * 50_000 + 50_000 * 10 + 10)  # 60 inputs (+ bias), 10 classes
     assert bound.clients == 20_000 and bound.total > 2e11                # ~285 GB: more than any test machine has
     with pytest.raises(ConfigError, match=r"^algorithm\.name: feddyn keeps 1 row\(s\) of 14\.2 MB for each client "
@@ -152,8 +152,8 @@ def test_state_that_cannot_fit_is_refused_in_one_line_before_training(capsys, tm
         train(cfg, progress=False)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "big.yaml").write_text("rounds: 4000\nclients_per_round: 10\nalgorithm: {name: feddyn}\n"
-                                       "model: {hidden: 50000}\n"
-                                       "data: {name: synthetic, num_clients: 20000, synthetic: {mean_samples: 2}}\n")
+                                       "model: {options: {hidden: 50000}}\n"
+                                       "data: {name: synthetic, num_clients: 20000, options: {mean_samples: 2}}\n")
     capsys.readouterr()
     assert main(["run", "--no-mlflow", "big.yaml"]) == 2
     err = capsys.readouterr().err
@@ -170,8 +170,8 @@ def test_a_pack_counts_every_members_state():
 def test_the_run_says_what_it_holds(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "run.yaml"
-    path.write_text("rounds: 3\nclients_per_round: 4\nalgorithm: {name: scaffold}\nmodel: {hidden: 8}\n"
-                    "data: {name: synthetic, num_clients: 1000, synthetic: {mean_samples: 4}}\n")
+    path.write_text("rounds: 3\nclients_per_round: 4\nalgorithm: {name: scaffold}\nmodel: {options: {hidden: 8}}\n"
+                    "data: {name: synthetic, num_clients: 1000, options: {mean_samples: 4}}\n")
     assert main(["run", "--no-mlflow", str(path)]) == 0
     err = capsys.readouterr().err
     dim = 61 * 8 + 9 * 10
@@ -186,8 +186,8 @@ def test_a_round_at_large_n_touches_only_its_clients():
     """N = 200,000 clients of a few samples: the index is the data's own size, the planner draws the
     clients in O(K), and the state of SCAFFOLD holds its participants' rows."""
     cfg = build_config({"rounds": 2, "clients_per_round": 10, "mlflow": {"enabled": False}, "eval": {"every": 100},
-                        "data": {"name": "synthetic", "num_clients": 200_000, "synthetic": {"mean_samples": 2}},
-                        "model": {"hidden": 8}, "algorithm": {"name": "scaffold"}})
+                        "data": {"name": "synthetic", "num_clients": 200_000, "options": {"mean_samples": 2}},
+                        "model": {"options": {"hidden": 8}}, "algorithm": {"name": "scaffold"}})
     m = train(cfg, progress=False)
     samples = m.data.client_indices.values.numel()
     assert m.clients_cpu.nbytes() == 8 * (samples + 200_001)

@@ -12,7 +12,7 @@ import yaml
 
 from fedsweep.cli import main
 from fedsweep.config.schema import ConfigError
-from fedsweep.report.trials import best_configs, config_table, load_trials, selected_configs
+from fedsweep.reports.trials import best_configs, config_table, load_trials, selected_configs
 from fedsweep.sweep.checks import select_on_validation
 from fedsweep.sweep.spec import expand, load_sweep
 
@@ -120,7 +120,7 @@ def test_an_a_a_pair_reads_no_difference_and_a_worse_arm_worse(tmp_path, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     spec = {"name": "aa",
-            "base": {"rounds": 30, "clients_per_round": 4, "device": "cpu", "model": {"name": "mlp", "hidden": 32},
+            "base": {"rounds": 30, "clients_per_round": 4, "device": "cpu", "model": {"name": "mlp", "options": {"hidden": 32}},
                      "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
                               "validation_fraction": 0.1},
                      "local": {"steps": 3, "batch_size": 10, "lr": 0.1}, "eval": {"every": 1, "target_accuracy": 0.7}},

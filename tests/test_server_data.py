@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig, ServerDataConfig, SyntheticConfig
+from fedsweep.config.schema import ConfigError, DataConfig, PartitionConfig, ServerDataConfig
 from fedsweep.data import load_federated
 from fedsweep.data.server import cosine, pool_size, round_server_indices, server_size, split_pool
 
 DIGITS = DataConfig(name="digits", num_clients=20)
-SYNTH = DataConfig(name="synthetic", num_clients=15, synthetic=SyntheticConfig(mean_samples=40))
+SYNTH = DataConfig(name="synthetic", num_clients=15, options={"mean_samples": 40})
 
 
 @pytest.fixture(scope="module")

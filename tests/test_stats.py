@@ -1,4 +1,4 @@
-"""fedsweep report's statistics (fedsweep/report/stats.py) on fixed per-seed numbers: intervals as
+"""fedsweep report's statistics (fedsweep/reports/stats.py) on fixed per-seed numbers: intervals as
 scipy makes them, Holm by hand, verdicts paired by seed, censored rounds, the evaluation cadence."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fedsweep.report.stats import (COLUMNS, PAIRED_T, RANK_TEST, Metric, compare, comparison_table, holm, mean_ci,
+from fedsweep.reports.stats import (COLUMNS, PAIRED_T, RANK_TEST, Metric, compare, comparison_table, holm, mean_ci,
                                    mean_ci_rows, verdict)
 
 ACCURACY = Metric("acc", higher_is_better=True)

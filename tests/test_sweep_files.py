@@ -12,7 +12,7 @@ from conftest import tiny_raw
 
 BASE = {"rounds": 4, "clients_per_round": 4, "device": "cpu",
         "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
-        "model": {"name": "mlp", "hidden": 16}, "local": {"steps": 3, "batch_size": 5, "lr": 0.1},
+        "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 3, "batch_size": 5, "lr": 0.1},
         "heterogeneity": {"kind": "stragglers", "rho": 0.5}, "eval": {"every": 2}}
 
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("fresh_home")   # Ray keeps a token in ~/.r
 TINY = {
     "base": {"rounds": 4, "clients_per_round": 4, "device": "cpu",
              "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
-             "model": {"name": "mlp", "hidden": 16}, "local": {"steps": 4, "batch_size": 5, "lr": 0.1},
+             "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 4, "batch_size": 5, "lr": 0.1},
              "heterogeneity": {"kind": "stragglers", "rho": 0.5}, "eval": {"every": 2, "target_accuracy": 0.05}},
     "grid": {"local.lr": [0.1, 1.0e30]},
     "methods": {"fedavg": {}, "fedlga": {"algorithm.damping": [1.0]}},
@@ -752,7 +752,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     write_mnist(tmp_path / "data", n_train=4)
     base = {**TINY["base"], "rounds": 8, "clients_per_round": 8, "eval": {"every": 2},
             "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"}, "root": str(tmp_path / "data")},
-            "model": {"name": "mlp", "hidden": 64}}
+            "model": {"name": "mlp", "options": {"hidden": 64}}}
     path = write_sweep(tmp_path / "a.yaml", "a", base=base, methods={"fedavg": {}}, seeds=[0],
                        grid={"data.name": ["digits", "mnist"], "local.lr": [0.5, 1.0e-6]},
                        max_concurrent=1, max_failures=1, checkpoint_every=4,

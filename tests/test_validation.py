@@ -317,7 +317,7 @@ def test_a_wrong_validation_option_is_one_line_naming_it(data, eval_, needle):
      "validation split would be empty"),
     ({"num_clients": 2, "train_size": 12, "partition": {"kind": "iid"}, "validation_fraction": 0.5},
      "data.validation_fraction: 0.5 takes every training sample of class 1 (1 of them) into the validation split"),
-    ({"name": "synthetic", "validation_fraction": 0.5, "synthetic": {"mean_samples": 6}},
+    ({"name": "synthetic", "validation_fraction": 0.5, "options": {"mean_samples": 6}},
      "data.validation_fraction: 0.5 takes every training sample of client 0 of 'synthetic' into the central "
      "validation split"),
 ])

@@ -23,7 +23,7 @@ from fedsweep.runs.run import train
 
 BASE = {"seed": 0, "rounds": 30, "clients_per_round": 8, "device": "cpu",
         "data": {"num_clients": 40, "partition": {"kind": "classes", "classes_per_client": 2}},
-        "model": {"name": "mlp", "hidden": 400}, "local": {"steps": 5, "batch_size": 10, "lr": 0.1},
+        "model": {"name": "mlp", "options": {"hidden": 400}}, "local": {"steps": 5, "batch_size": 10, "lr": 0.1},
         "heterogeneity": {"kind": "stragglers", "rho": 0.5, "tau_max": 4},
         "algorithm": {"name": "fedlga"}, "eval": {"every": 1}, "mlflow": {"enabled": False}}
 

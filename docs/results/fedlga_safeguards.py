@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsweep.report import load_trials
+from fedsweep.reports import load_trials
 from fedsweep.sweep.spec import expand, load_sweep
 from fedsweep.runs.tracking import resolve_tracking_uri
 

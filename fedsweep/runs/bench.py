@@ -12,9 +12,9 @@ Each row also says which engine ``engine: auto`` picks for that model and device
 faster: the rule (``fedsweep.engine.choose_engine``) is checked against the measurement.
 
 Each case runs the real round (plan, batches, local training, aggregation, server step) through
-Lightning on synthetic data of the model's shape (:data:`SHAPES`: digits' 1×8×8 for the MLP and
-CNN, MNIST's 1×28×28 for LeNet-5, CIFAR's 3×32×32 for ResNet-18 and MobileNetV2; 10 classes, 30
-samples per client), so it needs no dataset and measures the engines rather than I/O. One warm-up
+Lightning on synthetic data of the model's shape (:func:`shape`: the ``input_shape`` it was registered
+with: digits' 1×8×8 for the MLP and CNN, MNIST's 1×28×28 for LeNet-5, CIFAR's 3×32×32 for ResNet-18
+and MobileNetV2; a plugin's model that names none, 1×8×8; 10 classes, 30 samples per client), so it needs no dataset and measures the engines rather than I/O. One warm-up
 round, then ``--rounds`` timed rounds; the median round time is reported. Output: a table and, with
 ``--json``, a file.
 """
@@ -27,13 +27,14 @@ import sys
 
 import torch
 
-from fedsweep.config.schema import build_config
+from fedsweep.config.schema import ConfigError, build_config
 from fedsweep.data import FederatedData
 
 
-# The input each model is benchmarked on: the shape of the data it is made for.
-SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet18": (3, 32, 32),
-          "mobilenet_v2": (3, 32, 32)}
+def shape(model: str) -> tuple[int, ...]:
+    """The input a model is benchmarked on: the shape of the data it is made for, as registered."""
+    from fedsweep.config.registry import MODELS
+    return MODELS.get(model).extra.get("input_shape") or (1, 8, 8)
 
 
 def synthetic(num_clients: int, shape: tuple[int, ...] = (1, 8, 8), per_client: int = 30,
@@ -88,7 +89,7 @@ def time_case(model: str, K: int, engine: str, rounds: int, device: str, algorit
         "matmul_precision": matmul_precision,
     })
     callbacks = [_SwapEngine()] if baseline else []
-    module = train(cfg, progress=False, data=synthetic(N, SHAPES[model]), callbacks=callbacks)
+    module = train(cfg, progress=False, data=synthetic(N, shape(model)), callbacks=callbacks)
     return statistics.median(h["round/seconds"] for h in module.history[1:])
 
 
@@ -97,7 +98,7 @@ def _auto_choice(model: str, device: str) -> str:
     from fedsweep.config.schema import ModelConfig
     from fedsweep.engine import choose_engine
     from fedsweep.sim.models import build_model
-    return choose_engine("auto", build_model(ModelConfig(name=model), SHAPES[model], 10), device)
+    return choose_engine("auto", build_model(ModelConfig(name=model), shape(model), 10), device)
 
 
 class _SwapEngine:
@@ -113,6 +114,15 @@ class _SwapEngine:
 
 
 def main(args) -> int:
+    from fedsweep.config.listing import load_file_plugins
+    from fedsweep.config.registry import MODELS
+    if getattr(args, "plugins", None):
+        load_file_plugins(args.plugins, "--plugins")
+    for model in args.models:
+        entry = MODELS.get(model)   # an unknown one: one line naming the allowed
+        if entry.options.model_fields and any(f.is_required() for f in entry.options.model_fields.values()):
+            raise ConfigError(f"--models: model {model!r} has options without defaults; bench times models as they "
+                              "are registered")
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else \
         ("cpu" if args.device == "auto" else args.device)
     results = []
@@ -137,7 +147,7 @@ def main(args) -> int:
     report = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.machine(), "matmul_precision": args.matmul_precision, "local_steps": 5,
               "batch_size": 10, "rounds_timed": args.rounds,
-              "data": "synthetic, each model's input shape (fedsweep.runs.bench.SHAPES), 10 classes, 30 samples/client",
+              "data": "synthetic, each model's registered input shape (fedsweep.runs.bench.shape), 10 classes, 30 samples/client",
               "results": results}
     text = json.dumps(report, indent=2)
     if args.json:

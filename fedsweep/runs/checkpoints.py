@@ -79,6 +79,9 @@ def check_checkpoint(path: str | Path, module, key: str = "--resume") -> None:
         more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
         raise ConfigError(f"{key} {path}: the checkpoint does not match this config ({said}{more}); a resumed "
                           f"run keeps the config it was trained with (only rounds and mlflow.* may change)")
+    if state.get("plugins"):   # trained by plugins: their source must be what it was
+        from fedsweep.config.plugins import check_unchanged
+        check_unchanged(state["plugins"], f"{key} {path}")
     done = int(state.get("rounds_done", 0))
     if module.cfg.rounds < done:
         raise ConfigError(f"{key} {path}: the checkpoint has done {done} rounds, more than rounds={module.cfg.rounds} "

@@ -45,9 +45,10 @@ class LiveRun:
         return self.cfg.mlflow.run_name or f"{self.cfg.algorithm.name}-seed{self.cfg.seed}"
 
     def _open(self, writer: Writer, reopen: str | None) -> None:
+        from fedsweep.config.plugins import plugin_tags, records
         writer.open_run(KEY, self.cfg.mlflow.experiment, self.name, reopen=reopen,
                         tags={"fedsweep.status": "running", "fedsweep.algorithm": self.cfg.algorithm.name,
-                              "fedsweep.run_uid": self.identity["run_uid"]},
+                              "fedsweep.run_uid": self.identity["run_uid"], **plugin_tags(records(self.cfg.plugins))},
                         params=self.cfg.flat(), config=self.cfg.model_dump(mode="json"))
 
     def start(self) -> None:
@@ -176,10 +177,10 @@ def end_run(live: LiveRun, module, summary: dict, out) -> None:
 
 def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
     """A run's artifacts (:func:`fedsweep.runs.run.write_artifacts`) as name -> content."""
-    from fedsweep.runs.run import write_artifacts
+    from fedsweep.runs.run import artifact_dict, write_artifacts
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp))
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+        return artifact_dict(Path(tmp))
 
 
 def keep_unlogged(writer: Writer, name: str, cause: str) -> Path:

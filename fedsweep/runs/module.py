@@ -102,6 +102,9 @@ class FederatedModule(L.LightningModule):
         self.loss_limit = divergence_limit(cfg.eval.divergence_factor, self.data.num_classes)
         self.loss_measured = True   # the last round's train/loss averages some client's (or the server's)
         self._pending_algo_state: dict | None = None   # from a checkpoint loaded before build()
+        self._plugin_records = None
+        if cfg.plugins:
+            self.plugin_records()   # their hashes as the run starts: what its checkpoints keep
 
     # ----- set-up --------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -127,7 +130,7 @@ class FederatedModule(L.LightningModule):
             self.algorithm.load_state_dict(self._pending_algo_state)
             self._pending_algo_state = None
         client_data = ClientData(self.data.x_train, self.data.y_train)
-        self.engine_name = choose_engine(self.cfg.engine, self.fmodel.module, dev)
+        self.engine_name = choose_engine(self.cfg.engine, self.fmodel.module, dev, self.data.input_shape)
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
 
     def configure_optimizers(self):
@@ -311,9 +314,18 @@ class FederatedModule(L.LightningModule):
             "client_log": self.client_log,
             "algorithm": self.algorithm.state_dict() if self.algorithm is not None else {},
             "config": self.cfg.model_dump(mode="json"),
+            # the plugins' files and hashes: a --resume with one changed is refused (runs/checkpoints.py)
+            **({"plugins": self.plugin_records()} if self.cfg.plugins else {}),
             # whose checkpoint this is (fedsweep/runs/checkpoints.py): never replaced by another run's
             **({"identity": dict(self.identity)} if getattr(self, "identity", None) else {}),
         }
+
+    def plugin_records(self) -> list[dict]:
+        """The plugins the config names, as imported when the run started (their hashes then)."""
+        if getattr(self, "_plugin_records", None) is None:
+            from fedsweep.config.plugins import records
+            self._plugin_records = records(self.cfg.plugins)
+        return self._plugin_records
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["fedsweep"]

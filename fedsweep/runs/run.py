@@ -186,10 +186,11 @@ def train(cfg: RunConfig, *, progress: bool = True, ckpt_dir: str | Path | None 
         if resume is not None:
             check_checkpoint(resume, module)
         check_state_fits([(cfg, state_bound(cfg, module.fmodel.dim))], accelerator)
+        from fedsweep.engine import choose_engine, engine_choice
+        # before any round: a model the chosen engine cannot run is one line here, not a crash in round 1
+        engine, why = engine_choice(cfg.engine, module.fmodel.module, accelerator, module.data.input_shape)
         if progress:
-            from fedsweep.engine import choose_engine
-            engine = choose_engine(cfg.engine, module.fmodel.module, accelerator)
-            how = " (auto)" if cfg.engine == "auto" else ""
+            how = f" (auto: {why})" if cfg.engine == "auto" and why else " (auto)" if cfg.engine == "auto" else ""
             lower = "" if cfg.matmul_precision == "highest" else f", matmul_precision {cfg.matmul_precision}"
             print(f"{module.data.describe()}; {cfg.algorithm.name}, K={cfg.clients_per_round}, "
                   f"{cfg.rounds} rounds, {engine} engine{how} on {accelerator}{lower}", file=sys.stderr, flush=True)
@@ -233,10 +234,12 @@ def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epo
 
 
 def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_model: bool | None = None) -> Path:
-    """config.yaml, metrics.csv, clients.csv, summary.json, curves.png and (``mlflow.log_model``, unless
-    ``log_model`` says otherwise) model.pt of a run, into ``directory``."""
+    """config.yaml, metrics.csv, clients.csv, summary.json, curves.png, the source of each plugin the
+    config names (``plugins/``) and (``mlflow.log_model``, unless ``log_model`` says otherwise) model.pt
+    of a run, into ``directory``."""
     from fedsweep.runs.plots import curves_png
     directory.mkdir(parents=True, exist_ok=True)
+    write_plugin_sources(cfg, directory / "plugins")
     (directory / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     keys = sorted({k for h in module.history for k in h}, key=lambda k: (k != "round", k))
     with open(directory / "metrics.csv", "w", newline="") as f:
@@ -258,6 +261,23 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_
         net = module.fmodel.load_into(module.w.detach())
         torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, directory / "model.pt")
     return directory
+
+
+def write_plugin_sources(cfg: RunConfig, folder: Path) -> None:
+    """The source files of the plugins ``cfg`` names, as they are now (their hashes are the run's
+    ``fedsweep.plugin.*`` tags), into ``folder``; nothing without plugins."""
+    if not cfg.plugins:
+        return
+    from fedsweep.config.plugins import load_plugins, source_files
+    for plugin in load_plugins(cfg.plugins):
+        for name, path in source_files(plugin):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(path.read_bytes())
+
+
+def artifact_dict(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory``, by its path relative to it (``plugins/mylab.py``)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool = True,

@@ -336,7 +336,8 @@ class Writer:
     def _files(self, op: dict) -> None:
         run_id = self._id(op)
         with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
-            for name, data in op["files"].items():
+            for name, data in op["files"].items():   # a name may hold folders: plugins/mylab.py
+                (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
                 (Path(tmp) / name).write_bytes(data)
             self.client.log_artifacts(run_id, tmp)
 
@@ -360,6 +361,7 @@ class Writer:
                 sub = folder / "files" / str(i)
                 sub.mkdir(parents=True, exist_ok=True)
                 for name, data in op["files"].items():
+                    (sub / name).parent.mkdir(parents=True, exist_ok=True)
                     (sub / name).write_bytes(data)
                 op = {**op, "files": sorted(op["files"])}
             kept.append(op)

@@ -12,6 +12,8 @@ Every model here is a pure function of its parameters, so the engine can run
 Models never draw from an RNG other than the global torch one (PyTorch's default layer inits):
 the caller seeds initialization by wrapping :func:`build_model` in ``torch.random.fork_rng``.
 
+They are registered, with their options, in :mod:`fedsweep.sim.zoo`, as a plugin's models are.
+
 Inputs are float batches ``(B, *input_shape)`` with ``input_shape`` ``(C, H, W)`` or ``(d,)``;
 outputs are logits ``(B, num_classes)`` (softmax lives in the cross-entropy loss).
 """
@@ -22,31 +24,57 @@ import math
 import torch
 from torch import nn
 
+from fedsweep.config.registry import MODELS
 from fedsweep.config.schema import ConfigError, ModelConfig
 
-MODELS = ("mlp", "lenet5", "cnn", "resnet18", "mobilenet_v2")
-
-
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The model ``cfg.name`` for inputs of shape ``input_shape`` and ``num_classes`` classes."""
+    """The registered model ``cfg.name`` (``fedsweep models``) for inputs of shape ``input_shape`` and
+    ``num_classes`` classes, called as ``f(input_shape, num_classes, **cfg.options)``; one line naming
+    ``model.name`` if it cannot be built, is not an ``nn.Module``, or does not map a batch of such inputs
+    to ``num_classes`` logits (:func:`check_output`)."""
+    entry = MODELS.get(cfg.name)
     input_shape = tuple(int(s) for s in input_shape)
-    if cfg.name == "mlp":
-        return MLP(math.prod(input_shape), cfg.hidden, num_classes)
-    if len(input_shape) == 1:
-        raise ConfigError(f"model.name: {cfg.name!r} needs image inputs; the dataset gives flat vectors "
-                          f"of size {input_shape[0]}; use model.name: mlp")
-    if len(input_shape) != 3:
-        raise ConfigError(f"model.name: {cfg.name!r} needs image inputs of shape (C, H, W), "
-                          f"got {input_shape}; use model.name: mlp")
-    if cfg.name == "lenet5":
-        return LeNet5(input_shape, num_classes)
-    if cfg.name == "cnn":
-        return CNN(input_shape, num_classes)
-    if cfg.name == "resnet18":
-        return ResNet18(input_shape[0], num_classes, cfg.groups)
-    if cfg.name == "mobilenet_v2":
-        return MobileNetV2(input_shape[0], num_classes, cfg.groups)
-    raise ConfigError(f"model.name: {cfg.name!r} is not a model; allowed: {', '.join(MODELS)}")
+    try:
+        net = entry.obj(input_shape, num_classes, **cfg.options)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: one line, where it failed
+        raise ConfigError(f"model.name: {cfg.name!r} could not be built for inputs {input_shape} and {num_classes} "
+                          f"classes ({_error(e)})") from None
+    if not isinstance(net, nn.Module):
+        raise ConfigError(f"model.name: {cfg.name!r} gave a {type(net).__name__}, not a torch.nn.Module")
+    if param_count(net) == 0:
+        raise ConfigError(f"model.name: {cfg.name!r} has no parameters to train")
+    check_output(net, cfg.name, input_shape, num_classes)
+    return net
+
+
+def check_output(net: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """A forward pass of two zero inputs, in eval mode and without gradients (no batch statistic is
+    updated, no random number drawn), must give logits of shape (2, ``num_classes``)."""
+    was_training = net.training
+    dtype = next(net.parameters()).dtype
+    try:
+        net.eval()
+        with torch.no_grad():
+            out = net(torch.zeros(2, *input_shape, dtype=dtype))
+    except Exception as e:  # noqa: BLE001 - one line, where it failed
+        raise ConfigError(f"model.name: {name!r} cannot take this dataset's inputs: a batch of shape "
+                          f"{(2, *input_shape)} failed in its forward pass ({_error(e)})") from None
+    finally:
+        net.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model.name: {name!r} gives outputs of shape {got} for a batch of 2; it must give one "
+                          f"logit per class, (2, {num_classes}) for this dataset's {num_classes} classes")
+
+
+def _error(e: BaseException) -> str:
+    import traceback
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if "/torch/" not in f.filename]
+    at = f" at {ours[-1].filename}:{ours[-1].lineno}" if ours else ""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}{at}"
 
 
 def param_count(model: nn.Module) -> int:
@@ -61,7 +89,7 @@ def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 
 def _norm(channels: int, groups: int) -> nn.GroupNorm:
-    """GroupNorm with ``groups`` groups (``model.groups``, default 2 as in Hsieh et al. 2020); when
+    """GroupNorm with ``groups`` groups (``model.options.groups``, default 2 as in Hsieh et al. 2020); when
     ``groups`` does not divide ``channels`` it falls back to their gcd, the nearest count that does."""
     return nn.GroupNorm(math.gcd(groups, channels), channels)
 
@@ -177,7 +205,7 @@ class ResNet18(nn.Module):
 
     CIFAR-style stem: one 3x3 conv, stride 1, no max pool (32x32 -> 4x4 before pooling); stages of
     64/128/256/512 channels with strides 1/2/2/2; adaptive average pooling, so 28x28 and 8x8 inputs
-    (and any channel count) work. GroupNorm uses ``groups`` groups (``model.groups``)."""
+    (and any channel count) work. GroupNorm uses ``groups`` groups (``model.options.groups``)."""
 
     def __init__(self, in_channels: int, num_classes: int, groups: int = 2):
         super().__init__()

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedsweep.config.plugins import plugin_tags
 from fedsweep.config.schema import RunConfig
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.spec import config_label, drawn_payload
@@ -136,6 +137,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     "fedsweep.status": "running",
                     **({"fedsweep.draw": str(info["draw"])} if "draw" in info else {}),   # optuna's draw order
                     **({"fedsweep.stage": info["stage"]} if "stage" in info else {}),     # confirm runs
+                    **plugin_tags(info.get("plugins", [])),
                     **({"fedsweep.pack": str(trial.config["trial"])} if len(self.units[trial.config["trial"]]) > 1
                        else {})}, params=self._params(index), config=info["run"])
                 self.logged[key] = 0

@@ -3,6 +3,8 @@ anything runs"): the ``report:`` keys, what selection reads (the validation spli
 one), and what a trial would otherwise find only once Ray runs it, after every retry."""
 from __future__ import annotations
 
+import json
+
 from fedsweep.config.schema import ConfigError
 from fedsweep.sweep.spec import ON_VALIDATION, SweepConfig, Trial
 
@@ -52,11 +54,36 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
         raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
 
 
+def check_importable(trials: list[Trial], source: str = "sweep") -> None:
+    """Every algorithm, model and dataset a trial uses is one a Ray worker can import: fedsweep's, an
+    installed plugin's, or from a module the trial's ``plugins`` name (a worker imports those, and only
+    those). One defined in a notebook or a script (``__main__``), or in a module imported by hand, is
+    refused in one line saying to put it in a file named in ``plugins:``."""
+    from fedsweep.config.plugins import provenance
+    from fedsweep.config.registry import ALGORITHMS, DATASETS, MODELS
+    covered: dict[tuple, set[str]] = {}
+    for t in trials:
+        specs = tuple(t.config.plugins)
+        if specs not in covered:
+            covered[specs] = {p.module for p in provenance(list(specs))}
+        for registry, name in ((ALGORITHMS, t.config.algorithm.name), (MODELS, t.config.model.name),
+                               (DATASETS, t.config.data.name)):
+            entry = registry.get(name)
+            if entry.builtin or any(entry.module == m or entry.module.startswith(m + ".") for m in covered[specs]):
+                continue
+            where = ("is defined in __main__ (a notebook, or the script that runs the sweep)" if entry.module == "__main__"
+                     else f"comes from module {entry.module}, which the sweep's plugins: do not name")
+            raise ConfigError(f"{source}: {registry.key} {name!r} {where}; a sweep's trials run in Ray workers, which "
+                              f"import only the plugins the sweep names: put it in a .py file and add that file to "
+                              f"plugins: (trial {t.label})")
+
+
 def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep", local: bool = True) -> None:
     """What a trial would otherwise find only once Ray runs it, after every retry: a ``device: cuda``
     trial given no GPU (``resources.gpu: 0`` hides every GPU from it), a split of the data it cannot
     make (:func:`check_data`) and, for a sweep run on this machine (``local``; a cluster's nodes hold
     their own files), a torchvision dataset's missing files."""
+    check_importable(trials, source)
     check_data(trials, source)
     if sweep.resources.gpu == 0:
         cuda = next((t for t in trials if t.config.device == "cuda"), None)
@@ -84,29 +111,50 @@ def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:
             raise ConfigError(f"{source}: {e} (trial {t.label})") from None
 
 
-# Datasets made in memory (no files), in a fraction of a second: the ones check_data splits before Ray.
-MADE_IN_MEMORY = ("digits", "mnist_5k", "synthetic")
-
-
 def check_data(trials: list[Trial], source: str = "sweep") -> None:
-    """Each distinct data set-up of the trials (``data``, ``server_data``) on ``digits``, ``mnist_5k``
-    or ``synthetic`` made and split over its clients here, as its first trial will make it: a split that
-    cannot be made (``classes_per_client`` above the number of classes, more clients than samples, a
-    ``train_size`` or server pool too large, ...) is refused in one line naming the key and the trial,
-    instead of failing every trial that uses it once Ray runs them. Digits' split errors depend on
-    its sizes, not on the seed; synthetic's clients' sizes are drawn from the seed, so each of its
-    seeds is made. Torchvision datasets are not made here: loading one takes seconds, and a cluster's
-    nodes hold their own files; their trials find such errors when they load them."""
+    """Each distinct data set-up of the trials (``data``, ``server_data``) of a dataset registered with
+    ``preflight`` (the default; fedsweep's ``digits``, ``mnist_5k``, ``synthetic``) made and split over its
+    clients here, as its first trial will make it: a split that cannot be made (``classes_per_client``
+    above the number of classes, more clients than samples, a ``train_size`` or server pool too large,
+    a dataset of the user's returning labels that are not class ids ...) is refused in one line naming
+    the key and the trial, instead of failing every trial that uses it once Ray runs them. A dataset
+    whose function takes ``seed`` is made for each seed (synthetic's clients' sizes are drawn from it).
+    Datasets that load from files (torchvision's, LEAF's) are not made here: loading one takes
+    seconds, and a cluster's nodes hold their own files; their trials find such errors when they load.
+
+    Where a trial's model or dataset is a plugin's, its model is built here too for the data's inputs
+    (torch is imported for it: the plugin's code imports it anyway), so a model whose output does not
+    fit the classes, or that the chosen engine cannot run, is one line before Ray."""
+    from fedsweep.config.registry import DATASETS, MODELS
     from fedsweep.data import split_federated
+    shapes: dict[str, tuple] = {}
 
     def setup(t: Trial) -> str | None:
         cfg = t.config
-        if cfg.data.name not in MADE_IN_MEMORY:
+        entry = DATASETS.get(cfg.data.name)
+        if not entry.extra.get("preflight", True):
             return None
         return cfg.data.model_dump_json() + cfg.server_data.model_dump_json() + \
-            (str(cfg.seed) if cfg.data.name == "synthetic" else "")
-    _check_each_distinct(trials, setup, lambda t: split_federated(t.config.data, t.config.seed,
-                                                                  server=t.config.server_data), source)
+            (str(cfg.seed) if "seed" in entry.takes else "")
+
+    def split(t: Trial) -> None:
+        s = split_federated(t.config.data, t.config.seed, server=t.config.server_data)
+        shapes[setup(t)] = (tuple(s.source.x_train.shape[1:]), int(s.source.num_classes))
+    _check_each_distinct(trials, setup, split, source)
+
+    def model_setup(t: Trial) -> str | None:
+        cfg = t.config
+        if MODELS.get(cfg.model.name).builtin and DATASETS.get(cfg.data.name).builtin:
+            return None
+        shape = shapes.get(setup(t) or "")
+        return None if shape is None else json.dumps([cfg.model.model_dump(mode="json"), shape, cfg.engine])
+
+    def build(t: Trial) -> None:
+        from fedsweep.engine import engine_choice
+        from fedsweep.sim.models import build_model
+        input_shape, classes = shapes[setup(t)]
+        engine_choice(t.config.engine, build_model(t.config.model, input_shape, classes), "cpu", input_shape)
+    _check_each_distinct(trials, model_setup, build, source)
 
 
 def reference_method(sweep: SweepConfig, methods) -> str | None:

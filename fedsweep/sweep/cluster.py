@@ -259,11 +259,13 @@ def _not_the_incomplete_trials(record) -> bool:
 
 
 @contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None, mode: str | None = None):
+def ray_session(address: str | None = None, num_cpus: int | None = None, mode: str | None = None,
+                py_modules: list | None = None):
     """``ray.init`` (a new local instance, or ``address``), ``ray.shutdown`` on the way out; yields
     the Ray session directory (its processes carry it). ``mode``: the auth mode
-    :func:`check_cluster` returned for ``address`` (checked here if not given). The auth environment
-    is restored after."""
+    :func:`check_cluster` returned for ``address`` (checked here if not given). ``py_modules``: with
+    ``address``, the plugins' files and folders Ray ships to every node (its ``runtime_env``), where
+    the driver's disk is not. The auth environment is restored after."""
     import logging
     saved = {k: os.environ.get(k) for k in AUTH_VARS}
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -292,7 +294,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     try:
         if address:
             try:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
+                         **({"runtime_env": {"py_modules": py_modules}} if py_modules else {}))
             except Exception as e:  # noqa: BLE001 - shown to the user in one line
                 raise ConfigError(f"--address {address}: cannot connect to the Ray cluster ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0] if str(e) else ''})") from None

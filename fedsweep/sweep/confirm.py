@@ -2,7 +2,7 @@
 
 The best of several configs, picked on some seeds, looks better on those seeds than it is (the
 winner's curse: it was picked partly for its seeds' luck). So once every tuning trial has ended, the
-driver picks each method's config per setting as ``fedsweep report`` does (:mod:`fedsweep.report.trials`:
+driver picks each method's config per setting as ``fedsweep report`` does (:mod:`fedsweep.reports.trials`:
 on the validation split where the trials have one) and runs it again on fresh seeds, each a trial
 of its own (tagged ``fedsweep.stage=confirm``, continuing the sweep's trial numbers); the report
 scores and compares methods on those runs only. The confirm trials are planned here, from the
@@ -42,7 +42,7 @@ def plan_confirm(sweep: SweepConfig, payloads: list[dict], uri: str, experiment:
     ``payloads``: each method's selected config per setting (read from the tuning trials' runs in
     MLflow, by the report's own rule) on each of ``confirm.seeds``. Raises ConfigError if a method has
     no scored tuning trial to select from."""
-    from fedsweep.report.trials import selected_configs
+    from fedsweep.reports.trials import selected_configs
     from fedsweep.sweep.checks import reference_method
     chosen = selected_configs(uri, experiment, sweep.name, sweep.report.settings,
                               reference_method(sweep, (p["method"] for p in payloads)), sweep.report.relative_target)

@@ -17,8 +17,9 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsweep.config.names import short
+from fedsweep.config.plugins import load_plugins
 from fedsweep.config.schema import (ConfigError, RunConfig, copy_tree, format_validation_error, load_yaml,
-                                    register_models, set_dotted)
+                                    register_models, set_dotted, with_plugins)
 from fedsweep.sweep.keys import build_config_of, check_keys, key_places, method_names
 from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
@@ -84,6 +85,10 @@ class ConfirmConfig(_Strict):
 
 
 class SweepConfig(_Strict):
+    plugins: list[str] = Field(
+        default_factory=list, description="Your own algorithms, models and datasets for every trial (docs/extending.md): "
+        "paths of `.py` files or package folders relative to this file, or module names; imported before the trials "
+        "are made, in the driver and in every Ray worker (on a cluster, shipped to its nodes).")
     name: str | None = Field(
         None, description="Sweep name (default: the file name without .yaml): one path component of letters, "
         "digits, `.`, `_` and `-`, starting with a letter or digit (it names the sweep's folder under --storage, "
@@ -202,8 +207,25 @@ def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def load_sweep(path: str | Path) -> SweepConfig:
-    raw = load_yaml(path)
+def load_sweep(path: str | Path | dict) -> SweepConfig:
+    """A sweep file (or, from Python, its mapping: paths in it relative to the working folder) read and
+    checked; its plugins imported and given to every trial's config (``base.plugins``)."""
+    if isinstance(path, dict):
+        raw, path = copy_tree(path), "sweep"
+        if not raw.get("name"):
+            raise ConfigError("sweep: name: a sweep given as a mapping needs a `name` (it names the sweep's folder, "
+                              "its lock and its MLflow experiment)")
+        base_file = None
+    else:
+        raw, base_file = load_yaml(path), path
+    if raw is not None and isinstance(raw.get("base"), dict):
+        try:
+            raw["plugins"] = with_plugins(raw, base_file).get("plugins", [])
+            load_plugins(raw["plugins"])
+            raw["base"] = with_plugins(raw["base"], base_file, also=raw["plugins"], key="base.plugins")
+            load_plugins(raw["base"].get("plugins", []), key="base.plugins")
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
     if raw is None:
         raise ConfigError(f"{path}: the file is empty (or holds only comments); a sweep file needs a `base:` run "
                           "config (and usually a `grid:`, docs/sweeps.md)")

@@ -44,16 +44,21 @@ def check_reach(store, sweep_id: str | None) -> None:
                       "folder at the same path on every node, or give --storage a URI every node reaches")
 
 
+def _node() -> str:
+    from ray.util import get_node_ip_address
+    return get_node_ip_address()
+
+
 def artifact_files(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
     """A run's MLflow artifacts (:func:`fedsweep.runs.run.write_artifacts`: config.yaml, metrics.csv,
     summary.json, curves.png, clients.csv) as name -> bytes, for its final report: the driver may
     run on another machine, and this node's disk is not one it reads."""
     import tempfile
 
-    from fedsweep.runs.run import write_artifacts
+    from fedsweep.runs.run import artifact_dict, write_artifacts
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp), log_model=False)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+        return artifact_dict(Path(tmp))
 
 
 def _phase_marks():
@@ -263,6 +268,10 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
     trials = units[config["trial"]]
     from fedsweep.sweep.spec import drawn_payload   # `searcher: optuna`: the values drawn for this trial
     cfgs = [RunConfig(**drawn_payload(payloads[i], config.get("sampled"))["run"]) for i in trials]
+    recorded = next((payloads[i]["plugins"] for i in trials if payloads[i].get("plugins")), None)
+    if recorded:   # the plugins this node imported are the driver's (a file edited since, or another copy: no)
+        from fedsweep.config.plugins import check_unchanged
+        check_unchanged(recorded, f"plugins (on node {_node()})")
     ckpt = trial_checkpoint(tune.get_context().get_trial_id())
 
     def save_checkpoint(trainer) -> str | None:

@@ -16,6 +16,7 @@ Layout of the work (the measurements behind it: docs/design.md §7):
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -39,7 +40,7 @@ DEFAULT_STORAGE = "fedsweep_runs"   # in the driver's working folder
 # The sweep
 # ---------------------------------------------------------------------------------------------
 
-def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
+def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str], recorded) -> dict:
     run = t.config.model_dump(mode="json")
     run["mlflow"]["enabled"] = False                       # the driver writes MLflow
     if run["device"] == "auto" and sweep.resources.gpu == 0:
@@ -51,6 +52,8 @@ def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
         run["heterogeneity"]["trace"] = str(Path(run["heterogeneity"]["trace"]).resolve())
     payload = {"run": run, "method": t.method, "seed": t.seed, "config_id": t.config_id, "label": t.label,
                "name": run_name(t, varying), "index": t.index}
+    if t.config.plugins:   # what each run records, and what a worker checks it imports (sweep/trainable.py)
+        payload["plugins"] = recorded(tuple(t.config.plugins))
     if t.sampled:   # what spec.drawn_payload needs once its values are drawn
         payload.update(overrides=t.overrides, varying=varying, draw=t.sample)
     return payload
@@ -58,7 +61,9 @@ def _trial_payload(t: Trial, sweep: SweepConfig, varying: list[str]) -> dict:
 
 def _trial_payloads(trials: list[Trial], sweep: SweepConfig) -> list[dict]:
     varying = varying_keys(trials)
-    return [_trial_payload(t, sweep, varying) for t in trials]
+    from fedsweep.config.plugins import records
+    recorded = functools.lru_cache(maxsize=None)(lambda specs: records(list(specs)))   # once per sweep and set
+    return [_trial_payload(t, sweep, varying, recorded) for t in trials]
 
 
 def _current_trials_file(text: str | None) -> bool:
@@ -200,6 +205,10 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
         raise ConfigError(f"--resume: {store.where()} was made by an older fedsweep (its {TRIALS_FILE} is missing or "
                           "of an older format); start it over with --restart")
     saved = json.loads(saved)
+    recorded = next((t["plugins"] for t in saved["trials"] if t.get("plugins")), None)
+    if recorded:   # before the comparison of configs: a changed plugin is the one thing to say
+        from fedsweep.config.plugins import check_unchanged
+        check_unchanged(recorded, "--resume")
     n_trials, n_units = saved.get("confirm_from", [len(saved["trials"]), len(saved["units"])])   # the tuning part
     changed = _changed_since_start({**saved, "trials": saved["trials"][:n_trials], "units": saved["units"][:n_units]},
                                    _trial_payloads(trials, sweep), pack_units(sweep, trials), _search_text(sweep))
@@ -226,7 +235,11 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
         # are written only once Ray is up and the trials fit on it: a sweep refused there leaves no
         # experiment behind (only a store that did not exist yet, as its schema).
         mlflow_store = pool.submit(open_store, uri)
-        with ray_session(address, mode=mode) as session:
+        shipped = None
+        if address:   # a cluster's nodes may not have the driver's disk: Ray carries the plugins to them
+            from fedsweep.config.plugins import ship_paths
+            shipped = ship_paths(list(dict.fromkeys(s for t in trials for s in t.config.plugins))) or None
+        with ray_session(address, mode=mode, py_modules=shipped) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
             waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=str(path))
             if waiting:
@@ -380,12 +393,18 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
                  "sweep.methods": ",".join(sorted({t.method for t in trials})), "sweep.pack": sweep.pack,
                  "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
                  **({"sweep.search": search_summary(sweep)} if sweep.search is not None else {})}
+    from fedsweep.config.plugins import load_plugins, plugin_tags, records, source_files
+    specs = list(dict.fromkeys(s for t in trials for s in t.config.plugins))
     run = client.create_run(exp_id, run_name=sweep.name, tags={
         "fedsweep.role": "sweep", "fedsweep.sweep": sweep.name, "fedsweep.sweep_id": sweep_id,
-        **{k: str(v)[:8000] for k, v in described.items()}})
+        **{k: str(v)[:8000] for k, v in described.items()}, **plugin_tags(records(specs))})
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "sweep.yaml")
-        client.log_artifact(run.info.run_id, str(Path(tmp) / "sweep.yaml"))
+        for plugin in load_plugins(specs):   # the code the trials run, beside the file that names it
+            for name, file in source_files(plugin):
+                (Path(tmp) / "plugins" / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(file, Path(tmp) / "plugins" / name)
+        client.log_artifacts(run.info.run_id, tmp)
     from fedsweep.sweep.view import write_view
     write_view(client, exp_id, sweep, trials)   # the MLflow UI's "by config" view (`fedsweep ui` opens it)
     return run.info.run_id

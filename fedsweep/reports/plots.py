@@ -1,6 +1,6 @@
 """The report's figures: accuracy curves of each method's best config, rounds to target, each method
 across settings, and loss-aware aggregation weights. Bands and error bars are the 95% CI of the mean
-over seeds (:mod:`fedsweep.report.stats`)."""
+over seeds (:mod:`fedsweep.reports.stats`)."""
 from __future__ import annotations
 
 import math
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config.names import short
-from fedsweep.report.stats import mean_ci_rows
-from fedsweep.report.trials import _fmt_value, _groups, _present, _Runs
+from fedsweep.reports.stats import mean_ci_rows
+from fedsweep.reports.trials import _fmt_value, _groups, _present, _Runs
 
 def _tick_labels(best: pd.DataFrame, groups) -> list[str]:
     """Short x labels for grouped bars: only the setting keys that vary, by their last name, one a line

@@ -5,10 +5,10 @@ made is its docstring), ``stats`` makes the 95% intervals and the verdicts again
 ``tables`` writes the markdown tables, ``plots`` the figures, ``write`` the report's files. The names
 below are the package's interface.
 """
-from fedsweep.report.plots import accuracy_curves_png, rounds_to_target_png, settings_curves_png, weights_png
-from fedsweep.report.stats import Metric, compare, comparison_table, holm, mean_ci, seed_values
-from fedsweep.report.trials import best_configs, config_table, load_trials, relative_targets, selection_rule
-from fedsweep.report.write import write_report
+from fedsweep.reports.plots import accuracy_curves_png, rounds_to_target_png, settings_curves_png, weights_png
+from fedsweep.reports.stats import Metric, compare, comparison_table, holm, mean_ci, seed_values
+from fedsweep.reports.trials import best_configs, config_table, load_trials, relative_targets, selection_rule
+from fedsweep.reports.write import write_report
 
 __all__ = ["Metric", "accuracy_curves_png", "best_configs", "compare", "comparison_table", "config_table", "holm",
            "load_trials", "mean_ci", "relative_targets", "rounds_to_target_png", "seed_values", "selection_rule",

@@ -27,7 +27,7 @@ How the numbers are made:
   that did, then by mean rounds (over the seeds that reached), ties broken by best accuracy.
   Without a target: best mean over seeds of the best test accuracy.
 - **Spread.** ``mean ± std`` uses the sample std (ddof=1) over seeds; it is omitted for one seed.
-  The report's 95% intervals and its verdicts against a reference method: :mod:`fedsweep.report.stats`.
+  The report's 95% intervals and its verdicts against a reference method: :mod:`fedsweep.reports.stats`.
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: 
         note = note[:NOTE_LIMIT - 80].rsplit("\n", 1)[0] + "\n\n… (cut: the whole report is report/report.md)"
     for i in range(0, len(metrics), 1000):   # MLflow takes 1,000 metrics a call
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
-    client.log_batch(run_id, tags=[RunTag("mlflow.note.content", note), RunTag("fedsweep.report", "report/report.md")])
+    client.log_batch(run_id, tags=[RunTag("mlflow.note.content", note), RunTag("fedsweep.reports", "report/report.md")])
 
 
 def note_text(lines: list[str]) -> str:

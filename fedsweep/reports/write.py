@@ -1,5 +1,5 @@
 """``fedsweep report``: the report's files from a sweep's MLflow runs (how the numbers are made:
-:mod:`fedsweep.report.trials`)."""
+:mod:`fedsweep.reports.trials`)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.report.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
+from fedsweep.reports.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
                                    weights_figures)
-from fedsweep.report.stats import Metric, add_intervals, comparison_table, seed_values
-from fedsweep.report.tables import _all_table, _best_table, _comparisons_table, _markdown, _rounds_table
-from fedsweep.report.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
+from fedsweep.reports.stats import Metric, add_intervals, comparison_table, seed_values
+from fedsweep.reports.tables import _all_table, _best_table, _comparisons_table, _markdown, _rounds_table
+from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
                                     best_configs, config_table, load_trials, relative_targets)
 
 
@@ -61,7 +61,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
                  relative_target: float | None = None, sampled_keys: Sequence[str] = (),
                  random_first: int | None = None, resolution: float | None = None, to_parent: bool = True) -> Path:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
-    ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.report.stats`), when a
+    ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
     ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
 
@@ -70,7 +70,7 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     ``relative_target``: count rounds to this
     fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target.
     ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``).
-    ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.report.parent`;
+    ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.reports.parent`;
     a store that refuses it costs one line, not the report)."""
     from mlflow import MlflowClient
 
@@ -231,7 +231,7 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
 
     from mlflow.exceptions import MlflowException
 
-    from fedsweep.report.parent import log_to_parent, note_text, parent_run_id
+    from fedsweep.reports.parent import log_to_parent, note_text, parent_run_id
     run_id = parent_run_id(trials)
     if run_id is None:
         return

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fedsweep.report.trials import SCORED, _col, _setting_label
+from fedsweep.reports.trials import SCORED, _col, _setting_label
 
 CONFIDENCE, ALPHA, POWER = 0.95, 0.05, 0.8
 TOLERANCE = 1e-9

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from fedsweep.report.trials import _fmt_value, _groups, _present
+from fedsweep.reports.trials import _fmt_value, _groups, _present
 
 
 def _pm(mean, std, digits: int) -> str:
