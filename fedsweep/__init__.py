@@ -1,11 +1,15 @@
 """fedsweep: simulate system-heterogeneous federated learning and sweep its hyperparameters.
 
-The public API (docs/extending.md), imported on first use so that ``import fedsweep`` stays cheap:
+The public API, imported on first use so that ``import fedsweep`` stays cheap:
 
+- runs, sweeps and reports from Python (docs/api.md): :func:`run` (one config; a :class:`RunResult`
+  with its summary, metric history and model), :func:`tune` (a sweep on Ray Tune; its trials as a
+  pandas DataFrame; :class:`SweepError` where it did not end whole) and :func:`report` (a sweep's
+  report; a :class:`ReportResult` with its tables);
 - your own components, used by name in any config or sweep file once the file that registers them
-  is named in ``plugins:``: :func:`register_algorithm` (a subclass of :class:`Algorithm`),
-  :func:`register_model` (an ``nn.Module`` class or factory), :func:`register_dataset` (a function
-  returning a :class:`Source`).
+  is named in ``plugins:`` (docs/extending.md): :func:`register_algorithm` (a subclass of
+  :class:`Algorithm`), :func:`register_model` (an ``nn.Module`` class or factory),
+  :func:`register_dataset` (a function returning a :class:`Source`).
 """
 from __future__ import annotations
 
@@ -22,6 +26,12 @@ _EXPORTS = {
     "RoundPlan": "fedsweep.sim.heterogeneity",
     "Source": "fedsweep.data.contract",
     "ConfigError": "fedsweep.util.errors",
+    "run": "fedsweep.api",
+    "tune": "fedsweep.api",
+    "report": "fedsweep.api",
+    "RunResult": "fedsweep.api",
+    "SweepError": "fedsweep.api",
+    "ReportResult": "fedsweep.reports.write",
 }
 
 __all__ = ["__version__", *_EXPORTS]

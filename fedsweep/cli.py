@@ -1,4 +1,4 @@
-"""Command line: ``fedsweep run | tune | report | ui | log | config | bench | algorithms | models | datasets``.
+"""Command line: ``fedsweep run | tune | report | ui | log | config | bench | check | algorithms | models | datasets``.
 
 User errors (bad keys, values, missing files) print one line and exit with status 2, before any
 training starts; no traceback.
@@ -97,6 +97,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
                    help="the runs' matmul_precision (docs/config.md); high: TF32 on NVIDIA tensor cores")
 
+    ck = sub.add_parser("check", help="check an algorithm against the contract on a tiny problem, in seconds",
+                        epilog="exit status: 0 every check passed, 1 some check failed (its line names the hook and "
+                               "what to do), 2 an unknown algorithm, a bad --set or a plugin that does not import")
+    ck.add_argument("algorithm", help="the algorithm's name (`fedsweep algorithms`; yours: with --plugins)")
+    ck.add_argument("--plugins", metavar="FILE", help="a plugin .py file or package folder, or a run config or sweep "
+                    "file naming plugins, that registers the algorithm")
+    ck.add_argument("--set", dest="overrides", action="append", default=[], metavar="algorithm.KEY=VALUE",
+                    help="one of the algorithm's parameters, e.g. --set algorithm.mu=0.1 (repeatable)")
+
     for kind, what in (("algorithms", "the algorithms and their parameters (algorithm.*)"),
                        ("models", "the models and their options (model.options.*)"),
                        ("datasets", "the datasets, where their data comes from, and their options (data.options.*)")):
@@ -181,7 +190,7 @@ def tune_status(result: dict) -> int:
 
 
 def _dispatch(args) -> int:
-    if args.command in ("run", "tune", "report", "bench"):   # before Lightning or the plots import matplotlib
+    if args.command in ("run", "tune", "report", "bench", "check"):   # before Lightning or the plots import matplotlib
         from fedsweep.util.mplconfig import use_writable_config_dir
         use_writable_config_dir()
     if args.command in ("run", "config"):
@@ -234,6 +243,8 @@ def _dispatch(args) -> int:
     if args.command == "bench":
         from fedsweep.runs.bench import main as bench_main
         return bench_main(args)
+    if args.command == "check":
+        return _check(args)
     if args.command in ("algorithms", "models", "datasets"):
         from fedsweep.config.listing import list_components
         print(list_components(args.command, args.file), end="")
@@ -254,58 +265,38 @@ def _report_after_tune(sweep_path: str) -> None:
 
 
 def _report(args) -> int:
-    """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read."""
-    from mlflow.exceptions import MlflowException
-
-    from fedsweep.reports import write_report
-    from fedsweep.sweep.search import sampled_keys
-    from fedsweep.sweep.checks import check_report, reference_method
-    from fedsweep.sweep.spec import expand, load_sweep
-    sweep = load_sweep(args.sweep)
-    trials = expand(sweep, source=args.sweep)
-    check_report(sweep, trials, source=args.sweep)
-    out_dir = args.out or os.path.join("reports", sweep.name)
-    key = "--out" if args.out else "--out (default)"
-    _check_out(out_dir, key)
-    uri = sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri")   # None: as MLflow
-    try:
-        path = write_report(uri, sweep.mlflow.experiment or sweep.name, sweep.name, out_dir,
-                            setting_keys=sweep.report.settings,
-                            reference=reference_method(sweep, (t.method for t in trials)),
-                            relative_target=sweep.report.relative_target, sampled_keys=sampled_keys(sweep),
-                            resolution=max(t.config.eval.every for t in trials),   # rounds are seen this often
-                            random_first=sweep.search.startup() if sweep.search and sweep.search.searcher == "optuna"
-                            else None)
-    except OSError as e:
-        raise _report_write_error(e, out_dir, key) or e
-    except MlflowException as e:   # a store locked by a writer past sqlite's 20 s wait, a server gone
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ConfigError(f"the sweep's MLflow store: {first}; nothing was written: try again once it answers") from None
+    """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read
+    (:func:`fedsweep.api.sweep_report`, which ``fedsweep.report`` shares)."""
+    from fedsweep.api import sweep_report
+    path = sweep_report(args.sweep, args.out, option="--out", quiet=False).path
     print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
     return 0
 
 
-def _check_out(out_dir: str, key: str) -> None:
-    """A report's folder can be written (a file there, or a read-only folder, would fail after MLflow
-    was read and the first plots drawn)."""
-    from fedsweep.runs.paths import check_writable_dir
-    try:
-        check_writable_dir(out_dir, key)
-    except ConfigError as e:
-        raise ConfigError(f"{e}; give --out a folder that can be written") from None
+def _check(args) -> int:
+    """``fedsweep check``: the plugins, the algorithm's parameters (``--set algorithm.KEY=VALUE``), a line per
+    check as it ends (fedsweep/testing.py), a summary; 1 if a check failed."""
+    import time
 
-
-def _report_write_error(e: OSError, out_dir: str, key: str) -> ConfigError | None:
-    """The one line for a report that could not be written to the end: its disk filled up, or its
-    folder changed since :func:`_check_out`. None for an error that is not about ``out_dir``."""
-    import errno
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ConfigError(f"{key} {out_dir}: its disk is full ({e.strerror}), so the report there is incomplete; "
-                           "free space there, or give --out a folder on another disk")
-    if e.filename and os.path.abspath(e.filename).startswith(os.path.abspath(out_dir) + os.sep):
-        return ConfigError(f"{key} {out_dir}: cannot write {e.filename} ({e.strerror}), so the report there is "
-                           "incomplete; give --out a folder that can be written")
-    return None
+    from fedsweep.config.schema import parse_override, set_dotted
+    from fedsweep.testing import check_algorithm
+    if args.plugins is not None:
+        from fedsweep.config.listing import load_file_plugins
+        load_file_plugins(args.plugins, "--plugins")
+    params: dict = {}
+    for text in args.overrides:
+        key, value = parse_override(text)
+        if not key.startswith("algorithm.") or key == "algorithm.name":
+            raise ConfigError(f"--set {text}: fedsweep check takes the algorithm's own parameters (algorithm.KEY=VALUE) "
+                              "and trains its own tiny config; the algorithm is the command's argument")
+        set_dotted(params, key.removeprefix("algorithm."), value)
+    start = time.perf_counter()
+    checks = check_algorithm(args.algorithm, params, raise_on_failure=False, progress=lambda c: print(c.line(), flush=True))
+    failed, took = [c for c in checks if not c.ok], f"{time.perf_counter() - start:.1f} s"
+    hooks = ", ".join(dict.fromkeys(c.hook for c in failed))
+    print(f"{args.algorithm}: {len(failed)} of {len(checks)} checks failed ({hooks}; {took})" if failed
+          else f"{args.algorithm}: all {len(checks)} checks passed ({took})")
+    return 1 if failed else 0
 
 
 def entry() -> None:

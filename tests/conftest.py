@@ -141,3 +141,54 @@ def write_mnist(root, cls_name="MNIST", n_train=24, n_test=8):
         _idx(raw / f"{split}-labels-idx1-ubyte", y)
         out[split] = (x, y)
     return out
+
+
+@pytest.fixture(autouse=True)
+def registries_as_they_were():
+    """Whatever a test registers (a plugin it loads, in-process) is forgotten after it, with the module
+    that registered it, so no other test sees it (tests/test_plots.py checks every registered algorithm
+    has a colour)."""
+    import sys
+
+    from fedsweep.config import plugins
+    from fedsweep.config.registry import ALGORITHMS, DATASETS, MODELS, load_builtins
+    load_builtins()
+    before = {r: set(r.names()) for r in (ALGORITHMS, MODELS, DATASETS)}
+    yield
+    modules = set()
+    for registry, names in before.items():
+        for name in set(registry.names()) - names:
+            modules.add(registry.get(name).module)
+            registry.remove(name)
+    for name in modules - {"__main__"}:
+        sys.modules.pop(name, None)
+    for spec, (plugin, *_) in list(plugins._loaded.items()):
+        if plugin.module in modules:
+            del plugins._loaded[spec]
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    """A folder for plugin files a test writes (``write(name, text)`` returns the path); what they
+    register is forgotten after the test (:func:`registries_as_they_were`), and so are the modules
+    they import from it."""
+    import sys
+    import textwrap
+
+    from fedsweep.config import plugins
+    folder = tmp_path / "lab"
+    folder.mkdir()
+    modules = set(sys.modules)
+
+    def write(name: str, text: str):
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+    write.folder = folder
+    yield write
+    for name in set(sys.modules) - modules:
+        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+    for spec in [s for s in plugins._loaded if s.startswith(str(tmp_path))]:
+        del plugins._loaded[spec]

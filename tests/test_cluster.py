@@ -184,3 +184,47 @@ def test_nodes_without_the_drivers_disk(tmp_path, tmp_path_factory, monkeypatch)
     text = (driver / "rep" / "report.md").read_text()
     for r in runs:                                                                     # scored from the summaries
         assert f"| local.lr={r.data.params['local.lr']} | {r.data.metrics['best/test_accuracy']:.4f} | " in text
+
+
+def test_plugins_reach_nodes_without_the_drivers_disk(tmp_path, tmp_path_factory):
+    """A sweep whose algorithm, model and dataset are plugins in the driver's folder, on a cluster whose
+    only worker node cannot see that folder (another machine's disk): fedsweep ships the plugin file
+    and the plugin package through Ray's runtime_env, every trial imports them there and finishes, and
+    each run records the driver's files and hashes; the node's own disk never held them."""
+    why = can_hide_folders()
+    if why:
+        pytest.skip(why)
+    import os
+    import shutil
+    from pathlib import Path
+
+    from fedsweep.config.plugins import digest
+    home = tmp_path_factory.mktemp("home")
+    driver, shared = tmp_path / "driver", tmp_path / "shared"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "mylab", driver)
+    (driver / "labpkg").mkdir()
+    (driver / "labpkg" / "__init__.py").write_text("from . import algos  # noqa: F401\n")
+    (driver / "labpkg" / "algos.py").write_text(
+        "import fedsweep\n\n\n@fedsweep.register_algorithm\nclass Third(fedsweep.Algorithm):\n"
+        "    \"\"\"FedAvg taking a third of the step.\"\"\"\n    name = 'third'\n\n"
+        "    def aggregate(self, w, uploads, plan):\n        return (self.weights(plan) @ uploads['delta']) / 3\n")
+    spec = yaml.safe_load((driver / "sweep.yaml").read_text())
+    spec.update(plugins=["mylab.py", "labpkg"], name="far_plugins", grid={}, seeds=[0],
+                methods={"fedavg_decay": {}, "third": {}})
+    spec["base"]["rounds"] = 6
+    (driver / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    uri = f"sqlite:///{driver / 'mlflow.db'}"
+    with ray_head(home, num_cpus=0, ip="127.0.0.2") as address:
+        with ray_node_without([driver], home, address, ip="127.0.0.3") as node:
+            done = fedsweep(driver, home, "tune", "sweep.yaml", "--address", address, "--storage", str(shared))
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+            assert os.listdir(f"/proc/{node.raylet()}/root{driver}") == []         # the node's view: empty
+    assert "sweep done: 2 finished" in done.stdout, done.stdout[-2000:]
+    client, runs = trial_runs(uri, "far_plugins")
+    assert sorted(r.data.params["algorithm.name"] for r in runs) == ["fedavg_decay", "third"]
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.metrics["summary/rounds"] == 6
+        assert r.data.tags["fedsweep.plugins"] == "mylab, labpkg"
+        assert r.data.tags["fedsweep.plugin.mylab.sha256"] == digest(str(driver / "mylab.py"))
+        assert r.data.tags["fedsweep.plugin.labpkg.sha256"] == digest(str(driver / "labpkg"))
+        assert {"plugins/mylab.py", "plugins/labpkg"} <= {a.path for a in client.list_artifacts(r.info.run_id, "plugins")}

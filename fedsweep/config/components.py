@@ -7,16 +7,36 @@ or out-of-range option is one line naming ``data.options.<key>`` or ``model.opti
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsweep.config.registry import DATASETS, MODELS, check_options
+from fedsweep.config.registry import DATASETS, MODELS, Entry, Registry, check_options
 from fedsweep.util.errors import ConfigError
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class _Component(_Strict):
+    """A section whose ``name`` is looked up in ``registry`` and whose ``options`` are that component's."""
+    section: ClassVar[str]
+    registry: ClassVar[Registry]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_options(cls, data: Any) -> Any:
+        return _refuse_moved(data, cls.section, cls, cls.registry)
+
+    def _checked_entry(self) -> Entry:
+        """The registered component (a ConfigError naming ``<section>.name`` if none), its options checked
+        and their defaults filled in, in place (assigning would validate the section again)."""
+        entry = self.registry.get(self.name)
+        checked = check_options(entry, self.options, f"{self.section}.options")
+        self.options.clear()
+        self.options.update(checked)
+        return entry
 
 
 class PartitionConfig(_Strict):
@@ -33,7 +53,8 @@ class PartitionConfig(_Strict):
         4.0, ge=1, description="`quantity`: ξ, size ratio of the large clients to the small ones (half each).")
 
 
-class DataConfig(_Strict):
+class DataConfig(_Component):
+    section, registry = "data", DATASETS
     name: str = Field(
         "digits", description="Dataset: a registered name (`fedsweep datasets` lists them and their options; your own: "
         "docs/extending.md). `digits` (scikit-learn's 8x8 images), `mnist_5k` (5,000 real 28x28 MNIST images that "
@@ -70,15 +91,9 @@ class DataConfig(_Strict):
         "own n_i (a client of one sample keeps it to train on), read as `eval.validation_clients` says.")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_options(cls, data: Any) -> Any:
-        return _refuse_moved(data, "data", cls, DATASETS)
-
     @model_validator(mode="after")
     def _check_dataset(self) -> "DataConfig":
-        entry = DATASETS.get(self.name)              # raises ConfigError naming data.name
-        _set_options(self.options, check_options(entry, self.options, "data.options"))
+        entry = self._checked_entry()
         if entry.extra.get("check") is not None:     # the dataset's own words first
             entry.extra["check"](self)
         if entry.extra.get("root_required") and not self.root:
@@ -88,29 +103,18 @@ class DataConfig(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
+class ModelConfig(_Component):
+    section, registry = "model", MODELS
     name: str = Field("mlp", description="Model: a registered name (`fedsweep models` lists them and their options; "
                       "your own: docs/extending.md); each adapts to the dataset's input shape and class count.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="The model's own options, checked against its signature (`mlp`: hidden; "
         "`resnet18`, `mobilenet_v2`: groups; see below); a key in a grid like any other (`model.options.hidden`).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_options(cls, data: Any) -> Any:
-        return _refuse_moved(data, "model", cls, MODELS)
-
     @model_validator(mode="after")
     def _check_model(self) -> "ModelConfig":
-        entry = MODELS.get(self.name)                # raises ConfigError naming model.name
-        _set_options(self.options, check_options(entry, self.options, "model.options"))
+        self._checked_entry()
         return self
-
-
-def _set_options(options: dict, checked: dict) -> None:
-    """The checked options, defaults filled in, in place (assigning would validate the section again)."""
-    options.clear()
-    options.update(checked)
 
 
 def _refuse_moved(data: Any, section: str, cls, registry) -> Any:

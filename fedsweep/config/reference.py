@@ -16,6 +16,9 @@ from fedsweep.config.schema import RunConfig
 def _type_name(annotation) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (list, dict):
+        inner = " to ".join(_type_name(a) for a in typing.get_args(annotation))
+        return f"{typing.get_origin(annotation).__name__} of {inner}" if inner else typing.get_origin(annotation).__name__
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if args:
         return " \\| ".join(_type_name(a) for a in args) + (" or null" if type(None) in typing.get_args(annotation) else "")

@@ -276,8 +276,10 @@ def options_model(obj, title: str, skip: set[str] = frozenset()):
             continue
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (hints.get(p.name, Any), default)
+    # protected_namespaces=(): an option may well be called model_size
     return create_model(f"{title} options", __config__=ConfigDict(extra=extra, allow_inf_nan=False,
-                                                                  arbitrary_types_allowed=True), **fields)
+                                                                  arbitrary_types_allowed=True,
+                                                                  protected_namespaces=()), **fields)
 
 
 def check_options(entry: Entry, options: dict, key: str) -> dict:

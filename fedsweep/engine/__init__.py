@@ -57,14 +57,16 @@ def engine_choice(name: str, module: torch.nn.Module, device: torch.device | str
     ``input_shape`` None: the vmap check is not made."""
     if name == "loop":
         return name, ""
+    # fedsweep's own models are pure functions of their parameters (tests/test_models.py): not tried
+    ours = type(module).__module__.startswith("fedsweep.")
+    problem = vmap_problem(module, input_shape) if input_shape is not None and not ours else None
+    if problem is not None and name == "auto":
+        return "loop", f"torch.func.vmap cannot run this model: {problem}"
     convs = any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
     if name == "auto" and convs and torch.device(device).type == "cpu":
         return "loop", ""   # the rule the run header has always meant by "(auto)"
-    problem = vmap_problem(module, input_shape) if input_shape is not None else None
     if problem is None:
         return "vectorized", ""
-    if name == "auto":
-        return "loop", f"torch.func.vmap cannot run this model: {problem}"
     from fedsweep.util.errors import ConfigError
     raise ConfigError(f"engine: 'vectorized' runs every client's model under torch.func.vmap, which cannot run this "
                       f"model ({problem}); use engine: loop, or auto, which picks it")

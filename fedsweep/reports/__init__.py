@@ -8,8 +8,8 @@ below are the package's interface.
 from fedsweep.reports.plots import accuracy_curves_png, rounds_to_target_png, settings_curves_png, weights_png
 from fedsweep.reports.stats import Metric, compare, comparison_table, holm, mean_ci, seed_values
 from fedsweep.reports.trials import best_configs, config_table, load_trials, relative_targets, selection_rule
-from fedsweep.reports.write import write_report
+from fedsweep.reports.write import ReportResult, make_report, write_report
 
-__all__ = ["Metric", "accuracy_curves_png", "best_configs", "compare", "comparison_table", "config_table", "holm",
-           "load_trials", "mean_ci", "relative_targets", "rounds_to_target_png", "seed_values", "selection_rule",
-           "settings_curves_png", "weights_png", "write_report"]
+__all__ = ["Metric", "ReportResult", "accuracy_curves_png", "best_configs", "compare", "comparison_table",
+           "config_table", "holm", "load_trials", "make_report", "mean_ci", "relative_targets", "rounds_to_target_png",
+           "seed_values", "selection_rule", "settings_curves_png", "weights_png", "write_report"]

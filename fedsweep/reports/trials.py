@@ -62,8 +62,9 @@ def _number(value: str):
     return value
 
 
-def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.DataFrame:
-    """One row per trial of ``sweep`` in ``experiment``, duplicates of a (config_id, seed) dropped.
+def load_trials(tracking_uri: str | None, experiment: str, sweep: str, parent_run_id: str | None = None) -> pd.DataFrame:
+    """One row per trial of ``sweep`` in ``experiment``, duplicates of a (config_id, seed) dropped;
+    with ``parent_run_id``, only that parent run's (one run of the sweep: ``fedsweep.tune``'s table).
 
     Columns: ``run_id, run_name, parent_run_id, method, config_id, seed, status, error`` (a failed or
     incomplete run's ``fedsweep.error``, else empty), ``start_time, end_time``, the
@@ -81,7 +82,8 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str) -> pd.Dat
         raise ConfigError(f"report: no MLflow experiment {experiment!r} in store {uri}; run `fedsweep tune "
                           f"<sweep.yaml>` first (or set the sweep file's mlflow.experiment and mlflow.tracking_uri "
                           f"to those it ran with)")
-    flt = f"tags.`fedsweep.role` = 'trial' AND tags.`fedsweep.sweep` = '{sweep}'"
+    flt = f"tags.`fedsweep.role` = 'trial' AND tags.`fedsweep.sweep` = '{sweep}'" + \
+        (f" AND tags.`mlflow.parentRunId` = '{parent_run_id}'" if parent_run_id else "")
     runs, token = [], None
     while True:
         page = client.search_runs([exp.experiment_id], filter_string=flt, max_results=1000, page_token=token)

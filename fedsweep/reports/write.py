@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -56,10 +57,38 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
             _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", ""]
 
 
-def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
-                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
-                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
-                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True) -> Path:
+@dataclass(repr=False)
+class ReportResult:
+    """What a report wrote (``path``: its report.md) and its tables, as ``fedsweep.report`` returns them.
+
+    ``trials``: every trial, one row each (trials.csv: the MLflow params that vary, the summary
+    metrics by their MLflow names, status, run id); ``configs``: every config of the tuning stage,
+    scored over its seeds and ranked within its method and setting (the report's "All configs");
+    ``best``: the rank-1 config of each method per setting, with its means and 95% intervals
+    (``*_lo``/``*_hi``) and ``scored_on`` (``tuning``, or ``confirm`` runs); ``comparisons``: each
+    method against the reference, paired by seed (comparisons.csv; docs/sweeps.md, "Intervals and
+    verdicts")."""
+    path: Path
+    trials: pd.DataFrame = field(default_factory=pd.DataFrame)
+    configs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    best: pd.DataFrame = field(default_factory=pd.DataFrame)
+    comparisons: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def __repr__(self) -> str:
+        return (f"ReportResult(path={str(self.path)!r}, trials={len(self.trials)}, configs={len(self.configs)}, "
+                f"best={len(self.best)}, comparisons={len(self.comparisons)})")
+
+
+def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path, **options) -> Path:
+    """:func:`make_report`'s files; returns the path of ``report.md``."""
+    return make_report(tracking_uri, experiment, sweep, out_dir, **options).path
+
+
+def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
+                setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
+                relative_target: float | None = None, sampled_keys: Sequence[str] = (),
+                random_first: int | None = None, resolution: float | None = None, to_parent: bool = True,
+                quiet: bool = False) -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
@@ -71,7 +100,8 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     fraction of the reference's final accuracy (:func:`relative_targets`) instead of the logged target.
     ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``).
     ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.reports.parent`;
-    a store that refuses it costs one line, not the report)."""
+    a store that refuses it costs one line on stderr, not the report); ``quiet``: without the line
+    saying it was logged there. Returns the path of ``report.md`` and the tables (:class:`ReportResult`)."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
@@ -222,11 +252,12 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     if to_parent:
-        _log_to_parent(runs.client, trials, out, best, lines)
-    return path
+        _log_to_parent(runs.client, trials, out, best, lines, quiet)
+    return ReportResult(path, trials, configs, best, comparisons)
 
 
-def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str]) -> None:
+def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str],
+                   quiet: bool = False) -> None:
     import sys
 
     from mlflow.exceptions import MlflowException
@@ -237,8 +268,9 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
         return
     try:
         log_to_parent(client, run_id, out, best, note_text(lines))
-        print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and artifacts "
-              f"(report/), each method's selected result as its metrics")
+        if not quiet:
+            print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and "
+                  f"artifacts (report/), each method's selected result as its metrics")
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         print(f"report: written to {out}, but not onto the sweep's MLflow parent run {run_id} ({first})", file=sys.stderr)

@@ -30,11 +30,15 @@ UNLOGGED = "fedsweep_unlogged"
 
 class LiveRun:
     """One run's MLflow record, written as it trains. ``identity``: the run's (and its checkpoint's)
-    ``run_uid``, and for a resumed run the MLflow run it continues."""
+    ``run_uid``, and for a resumed run the MLflow run it continues. ``out``: where the run's first
+    line goes, naming the MLflow run and the command to watch it (default stdout), or saying that a
+    slow store has not answered yet (default stderr); the Python API's quiet run gives a sink.
+    ``say``: where the store's faults are said (default stderr)."""
 
-    def __init__(self, cfg: RunConfig, uri: str, identity: dict, say=None):
+    def __init__(self, cfg: RunConfig, uri: str, identity: dict, say=None, out=None):
         self.cfg, self.uri, self.identity = cfg, uri, identity
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.out = out
         self.writer = Writer(uri, say=self.say, rows_every=ROWS_EVERY_S)
         self.sent = 0
         self.engine_logged = False
@@ -63,15 +67,18 @@ class LiveRun:
             from fedsweep.runs.tracking import ui_command
             print(f"MLflow run {self.identity['mlflow_run_id']}: watch it train with:  "
                   f"{ui_command(self.uri, experiment=self.cfg.mlflow.experiment, run_id=self.identity['mlflow_run_id'])}",
-                  flush=True)
+                  file=self.out or sys.stdout, flush=True)
             return
         failure = self.writer.failure
         if failure is not None and failure[1]:
             self.writer.close(0)
             raise ConfigError(f"mlflow.experiment {self.cfg.mlflow.experiment!r}: {failure[0]}")
-        why = f" ({failure[0]})" if failure else ""
-        self.say(f"MLflow: the store at {self.uri} has not answered in {START_WAIT_S:.0f} s{why}; training starts, "
-                 "and its records wait until it does")
+        line = (f"MLflow: the store at {self.uri} has not answered in {START_WAIT_S:.0f} s" +
+                (f" ({failure[0]})" if failure else "") + "; training starts, and its records wait until it does")
+        if failure is None:   # slow, not failing (a new store's tables take seconds to make): the first line
+            print(line, file=self.out or sys.stderr, flush=True)
+        else:
+            self.say(line)
 
     def callback(self):
         """The Lightning callback that sends the metric rows at each evaluation (and where a run
@@ -90,7 +97,9 @@ class LiveRun:
         self.writer.rows(KEY, module.history[self.sent:])
         self.sent = len(module.history)
         if not self.engine_logged and getattr(module, "engine_name", None):
-            self.writer.batch(KEY, params={"engine_used": module.engine_name})
+            why = getattr(module, "engine_why", "")
+            self.writer.batch(KEY, params={"engine_used": module.engine_name},
+                              tags={"fedsweep.engine_why": why} if why else None)
             self.engine_logged = True
 
     def _final(self, writer: Writer, summary: dict, files: dict[str, bytes]) -> None:

@@ -27,7 +27,7 @@ from fedsweep.algorithms import get_algorithm_class
 from fedsweep.algorithms.base import ServerRound, SetupContext
 from fedsweep.config.schema import RunConfig
 from fedsweep.data import FederatedData, load_federated
-from fedsweep.engine import ClientData, choose_engine, make_engine, probe_batches
+from fedsweep.engine import ClientData, engine_choice, make_engine, probe_batches
 from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.heterogeneity import Planner, decayed_lr, schedule_batches
@@ -95,6 +95,7 @@ class FederatedModule(L.LightningModule):
         self.algorithm = None            # built in setup(), once the device is known
         self.engine = None
         self.engine_name = None          # what `engine` resolved to (auto: by model and device)
+        self.engine_why = ""             # why auto chose the loop for a model vmap cannot run
         self.rounds_done = 0
         self.history: list[dict[str, float]] = []   # one dict per round (+ eval metrics on eval rounds)
         self.client_log: list[dict[str, list]] = []  # per round: client ids + the algorithm's per-client values
@@ -130,7 +131,8 @@ class FederatedModule(L.LightningModule):
             self.algorithm.load_state_dict(self._pending_algo_state)
             self._pending_algo_state = None
         client_data = ClientData(self.data.x_train, self.data.y_train)
-        self.engine_name = choose_engine(self.cfg.engine, self.fmodel.module, dev, self.data.input_shape)
+        self.engine_name, self.engine_why = engine_choice(self.cfg.engine, self.fmodel.module, dev,
+                                                          self.data.input_shape)
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
 
     def configure_optimizers(self):
@@ -314,6 +316,8 @@ class FederatedModule(L.LightningModule):
             "client_log": self.client_log,
             "algorithm": self.algorithm.state_dict() if self.algorithm is not None else {},
             "config": self.cfg.model_dump(mode="json"),
+            # a model's buffers (BatchNorm's running statistics): not in w, but the model's state too
+            **({"buffers": {k: v.detach().cpu() for k, v in self.fmodel.buffers.items()}} if self.fmodel.buffers else {}),
             # the plugins' files and hashes: a --resume with one changed is refused (runs/checkpoints.py)
             **({"plugins": self.plugin_records()} if self.cfg.plugins else {}),
             # whose checkpoint this is (fedsweep/runs/checkpoints.py): never replaced by another run's
@@ -332,6 +336,10 @@ class FederatedModule(L.LightningModule):
         self.rounds_done = int(state["rounds_done"])
         self.history = [dict(h) for h in state["history"]]
         self.client_log = [dict(r) for r in state.get("client_log", [])]
+        for k, v in state.get("buffers", {}).items():
+            if k in self.fmodel.buffers:   # in place: on the CPU they are the module's own buffers
+                with torch.no_grad():
+                    self.fmodel.buffers[k].copy_(v)
         if self.algorithm is not None:
             self.algorithm.load_state_dict(state["algorithm"])
         else:

@@ -285,11 +285,22 @@ def run(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool
     """Check (:func:`preflight`), train while the MLflow run is written (:mod:`fedsweep.runs.live`),
     summarise; returns the summary (also written to ``output_json``, its folders created, before
     the end of the MLflow run and again with the run id). If the MLflow store still fails at the end,
-    the summary's ``mlflow_unlogged`` names the folder its records are kept in."""
+    the summary's ``mlflow_unlogged`` names the folder its records are kept in. ``progress``: the
+    header and a line per evaluation on stderr; ``out``: where the summary table and the lines about
+    the MLflow run go (default stdout; :class:`~fedsweep.runs.live.LiveRun` says where its first line
+    goes). What fails (the store, a file) is said on stderr either way."""
+    return run_with_module(cfg, output_json=output_json, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every,
+                           resume=resume, max_rounds=max_rounds, data=data, out=out)[0]
+
+
+def run_with_module(cfg: RunConfig, *, output_json: str | Path | None = None, progress: bool = True,
+                    ckpt_dir=None, ckpt_every: int = 0, resume=None, max_rounds=None, data=None, out=None):
+    """:func:`run`, returning (the summary, the trained module): the Python API's result reads the
+    metric history and the final model from the module."""
     uri, identity = preflight(cfg, output_json=output_json, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume)
     with _checkpoint_dir_lock(ckpt_dir, resume, identity):
         return _run(cfg, uri, identity, output_json=output_json, progress=progress, ckpt_dir=ckpt_dir,
-                    ckpt_every=ckpt_every, resume=resume, max_rounds=max_rounds, data=data, out=out or sys.stdout)
+                    ckpt_every=ckpt_every, resume=resume, max_rounds=max_rounds, data=data, out=out)
 
 
 @contextlib.contextmanager
@@ -324,14 +335,14 @@ def _write_summary(path, summary: dict, again: bool = False) -> None:
 
 
 def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progress, ckpt_dir, ckpt_every, resume,
-         max_rounds, data, out) -> dict:
+         max_rounds, data, out) -> tuple[dict, object]:
     from fedsweep.runs.live import LiveRun, end_run
     live = None
     if cfg.mlflow.enabled:
         if uri.startswith(("http://", "https://")):   # a server gone mid-run: fail each try in seconds,
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
-        live = LiveRun(cfg, uri, identity)
+        live = LiveRun(cfg, uri, identity, out=out)
     t0 = time.perf_counter()
     try:
         module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,
@@ -347,14 +358,14 @@ def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progre
     summary["wall_seconds"] = time.perf_counter() - t0
     if getattr(module, "checkpoint_error", None):
         summary["checkpoint_error"] = module.checkpoint_error
-    print(format_summary(summary), file=out)
+    print(format_summary(summary), file=out or sys.stdout)
     _write_summary(output_json, summary)   # before MLflow's end: a store that fails now does not lose the summary
     if live is None:
-        return summary
+        return summary, module
     try:
-        end_run(live, module, summary, out)
+        end_run(live, module, summary, out or sys.stdout)
     except KeyboardInterrupt as e:   # a second Ctrl-C while the last writes are made
         live.abort(e)
         raise
     _write_summary(output_json, summary, again=True)
-    return summary
+    return summary, module

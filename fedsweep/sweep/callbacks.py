@@ -179,9 +179,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.final[key] = part["status"]
                 if part.get("error"):
                     self.errors[key] = part["error"]
-                if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose,
-                    self.engine_param[key] = part["engine"]                # with the next rows written
-                    self.engine_logged.add(key)
+                if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose (and
+                    self.engine_param[key] = (part["engine"], part.get("engine_why", ""))   # why, where it says)
+                    self.engine_logged.add(key)                            # with the next rows written
                 if "status" in part or time.time() - self.flushed.get(key, 0.0) >= FLUSH_SECONDS:
                     # A member's last report: its rows now, while its worker draws the artifacts,
                     # rather than at the run's close, which the worker's next trial waits for.
@@ -198,9 +198,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             for k in [key] if key is not None else list({*self.pending, *self.engine_param}):
                 self.flushed[k] = time.time()
                 self.writer.rows(self.runs[k], self.pending.pop(k, []))
-                params = {"engine_used": self.engine_param.pop(k)} if k in self.engine_param else {}
-                if params or metrics or tags:
-                    self.writer.batch(self.runs[k], metrics=metrics, params=params, tags=tags)
+                engine, why = self.engine_param.pop(k, (None, ""))
+                params = {"engine_used": engine} if engine else {}
+                both = {**(tags or {}), **({"fedsweep.engine_why": why} if why else {})}
+                if params or metrics or both:
+                    self.writer.batch(self.runs[k], metrics=metrics, params=params, tags=both or None)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:

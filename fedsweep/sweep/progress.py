@@ -2,10 +2,12 @@
 
 One line per finished, stopped, diverged, failed or retried trial (a cause in one short line: Ray's
 own messages for a lost worker or node in words), and a status line for the whole sweep every 10 s
-with the time so far and an estimate of the time left.
+with the time so far and an estimate of the time left. ``fedsweep.tune(progress=False)`` runs the
+sweep inside :func:`silenced`, which these lines (and the sweep's first line) then skip.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -22,6 +24,29 @@ RAY_CAUSES = (("is unavailable", "its worker or its node stopped answering"),
               ("OutOfMemoryError", "its node ran out of memory"))
 TERMINAL_WIDTH = 160
 STATUS_EVERY_S = 10.0   # the sweep's status line, this often
+
+
+_silenced = 0   # blocks of `silenced` entered: a driver runs one sweep at a time (Ray's session is its process's)
+
+
+@contextlib.contextmanager
+def silenced():
+    """The sweep's terminal view (its first line, a line per trial, the status lines) unprinted while
+    the block runs; the MLflow store's faults are still said by the driver's writer. A switch of the
+    process rather than an argument: a resumed sweep's callbacks are the ones Ray Tune pickled when
+    the sweep started, and they call :func:`show`, which is pickled by reference and reads it here."""
+    global _silenced
+    _silenced += 1
+    try:
+        yield
+    finally:
+        _silenced -= 1
+
+
+def show(text: str, stream=None) -> None:
+    """One of the sweep's terminal lines, on stderr (or ``stream``), unless :func:`silenced`."""
+    if not _silenced:
+        print(text, file=stream or sys.stderr, flush=True)
 
 
 def short_cause(error: str) -> str:
@@ -126,7 +151,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             return f"[sweep] {self.total} trials: {', '.join(parts)}{best}{clock}"
 
         def _print(self, text):
-            print(text, file=stream or sys.stderr, flush=True)
+            show(text, stream)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             self.last_report = time.monotonic()

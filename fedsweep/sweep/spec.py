@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsweep.config.names import short
@@ -205,6 +206,25 @@ def _with_partition(key: str, value: Any, partition: dict) -> Any:
 def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def sweep_source(path: str | Path | dict) -> str:
+    """What messages call a sweep: its file, or ``sweep`` for a mapping given from Python."""
+    return "sweep" if isinstance(path, dict) else str(path)
+
+
+def sweep_record(path: str | Path | dict) -> bytes:
+    """The sweep as its MLflow parent run keeps it (``sweep.yaml``): the file's bytes, or the mapping
+    as YAML (what YAML cannot write is one line, before anything runs)."""
+    if not isinstance(path, dict):
+        return Path(path).read_bytes()
+    try:
+        return yaml.safe_dump(path, sort_keys=False, allow_unicode=True).encode()
+    except yaml.YAMLError as e:
+        value = e.args[-1] if len(e.args) == 2 else e   # RepresenterError("cannot represent an object", value)
+        raise ConfigError(f"sweep: {value!r} ({type(value).__name__}) cannot be written as YAML, the sweep's record "
+                          "on its MLflow parent run (sweep.yaml); give plain mappings, lists, strings and numbers") \
+            from None
 
 
 def load_sweep(path: str | Path | dict) -> SweepConfig:

@@ -196,6 +196,7 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
             parts, members = {}, _members(module)
             for i, (index, m) in enumerate(zip(trials, members)):
                 parts[str(index)] = {"rows": m.history[self.sent[i]:], "engine": m.engine_name,
+                                     **({"engine_why": m.engine_why} if getattr(m, "engine_why", "") else {}),
                                      **(final[i] if final else {})}
                 self.sent[i] = len(m.history)
             # What a scheduler, a searcher and the progress line read: the trial's (a pack's best member's) numbers.

@@ -16,6 +16,7 @@ Layout of the work (the measurements behind it: docs/design.md §7):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -27,9 +28,11 @@ from pathlib import Path
 from fedsweep.config.schema import ConfigError, flatten
 from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 from fedsweep.sweep.search import search_summary
+from fedsweep.sweep.progress import show, silenced
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
 from fedsweep.sweep.checks import check_report, check_runnable, select_on_validation
-from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, load_sweep, run_name, trial_count, varying_keys
+from fedsweep.sweep.spec import (SweepConfig, Trial, iter_trials, load_sweep, run_name, sweep_record, sweep_source,
+                                 trial_count, varying_keys)
 from fedsweep.sweep.units import pack_units
 from fedsweep.sweep import tuners
 
@@ -125,9 +128,14 @@ def _discard(store: Storage) -> None:
     store.delete()
 
 
-def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False, address: str | None = None,
-               dry_run: bool = False, storage: str | Path | None = None, out=None, show_all: bool = False) -> dict:
+def tune_sweep(path: str | Path | dict, *, resume: bool = False, restart: bool = False, address: str | None = None,
+               dry_run: bool = False, storage: str | Path | None = None, out=None, show_all: bool = False,
+               progress: bool = True) -> dict:
     """Run (or resume) a sweep; returns counts of trial outcomes and the MLflow parent run id.
+
+    ``path``: the sweep file, or (the Python API) its mapping, whose messages call it ``sweep`` and
+    whose parent run keeps it as ``sweep.yaml``, written from the mapping. ``progress``: the sweep's
+    terminal view (:mod:`fedsweep.sweep.progress`; False: :func:`~fedsweep.sweep.progress.silenced`).
 
     Everything that can be checked is checked before anything is written: the sweep file, the
     cluster (reachable, same authentication mode), the storage and the MLflow store; what
@@ -139,14 +147,16 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
     from fedsweep.runs.tracking import check_store
     out = out or sys.stdout
     sweep = load_sweep(path)
+    source = sweep_source(path)
     if dry_run:
-        return print_dry_run(sweep, str(path), out, show_all=show_all)
+        return print_dry_run(sweep, source, out, show_all=show_all)
+    record = sweep_record(path)   # the parent run's sweep.yaml: the file as it was read, or the mapping
     from fedsweep.sweep.dryrun import Progress
-    trials = list(iter_trials(sweep, source=str(path), progress=Progress(trial_count(sweep))))   # a big grid says how far
-    check_report(sweep, trials, source=str(path))   # a typo here would only surface after the sweep
-    select_on_validation(sweep, trials, source=str(path))
+    trials = list(iter_trials(sweep, source=source, progress=Progress(trial_count(sweep)) if progress else None))
+    check_report(sweep, trials, source=source)   # a typo here would only surface after the sweep
+    select_on_validation(sweep, trials, source=source)
 
-    check_runnable(sweep, trials, source=str(path), local=not address)
+    check_runnable(sweep, trials, source=source, local=not address)
     mode = None
     if address:
         from fedsweep.sweep.cluster import check_cluster
@@ -168,7 +178,7 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
             print(f"ended {len(ended)} Ray processes left by a killed fedsweep driver (pid {stale.get('pid')})",
                   file=sys.stderr)
         if resume:   # under the lock: a driver still setting the sweep up is named as running, not misread
-            _check_resumable(sweep, trials, path, store)
+            _check_resumable(sweep, trials, source, store)
         superseded = None
         if not resume and store.exists():
             text = store.read_text(STATE_FILE)
@@ -185,16 +195,17 @@ def tune_sweep(path: str | Path, *, resume: bool = False, restart: bool = False,
                 raise ConfigError(f"sweep {sweep.name!r} has an unfinished run in {store.where()}; {how}")
         from mlflow.exceptions import MlflowException
         try:
-            return _run_sweep(sweep, trials, Path(path), root, uri, resume=resume, address=address, mode=mode,
-                              lock=lock, superseded=superseded)
+            with contextlib.nullcontext() if progress else silenced():
+                return _run_sweep(sweep, trials, source, record, root, uri, resume=resume, address=address, mode=mode,
+                                  lock=lock, superseded=superseded)
         except MlflowException as e:   # the store failed while the sweep was set up (Tune's own run never raises it)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise ConfigError(f"MLflow store {uri}: {first}; no trial ran: try again once it answers") from None
 
 
-def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Storage) -> None:
+def _check_resumable(sweep: SweepConfig, trials: list[Trial], source: str, store: Storage) -> None:
     """``--resume``: the sweep whose state is in ``store`` got as far as its trials, and started from
-    this sweep file."""
+    this sweep file (or mapping)."""
     if json.loads(store.read_text(STATE_FILE)).get("parent_run_id") is None:
         raise ConfigError(f"--resume: sweep {sweep.name!r} in {store.where()} was stopped while it was being set up, "
                           "before any trial started; start it over with --restart")
@@ -216,13 +227,14 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], path, store: Stora
     if not changed and then != now:
         changed = f"confirm seeds {then or 'none'} then, {now or 'none'} now"
     if changed:
-        raise ConfigError(f"--resume: {path} changed since sweep {sweep.name!r} started ({changed}); a resumed "
-                          f"sweep runs the trials it started with: restore the file (its MLflow parent run "
+        what = "the mapping" if source == "sweep" else "the file"
+        raise ConfigError(f"--resume: {source} changed since sweep {sweep.name!r} started ({changed}); a resumed "
+                          f"sweep runs the trials it started with: restore {what} (its MLflow parent run "
                           f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
 
 
-def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storage, uri: str, *, resume: bool,
-               address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
+def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: bytes, root: Storage, uri: str, *,
+               resume: bool, address: str | None, mode: str | None, lock, superseded: dict | None = None) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from fedsweep.sweep.cluster import check_trial_fits, nodes_a_trial_fits, ray_session, remove_session
@@ -241,7 +253,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             shipped = ship_paths(list(dict.fromkeys(s for t in trials for s in t.config.plugins))) or None
         with ray_session(address, mode=mode, py_modules=shipped) as session:
             lock.write(ray_session=session)   # what a driver taking over after a SIGKILL must end
-            waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=str(path))
+            waiting = check_trial_fits(sweep.resources.cpu, sweep.resources.gpu, address, source=source)
             if waiting:
                 print(waiting, file=sys.stderr)
             if address:   # one machine's instance shares the driver's disk by definition
@@ -252,7 +264,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             if superseded:
                 from fedsweep.sweep.ending import close_superseded
                 close_superseded(client, superseded)
-            result = _fit(sweep, trials, path, root, uri, resume, client, exp_id, experiment)
+            result = _fit(sweep, trials, record, root, uri, resume, client, exp_id, experiment)
     # The local instance's session folder (Ray's logs) is deleted once every trial ended well, and kept
     # where one failed or the sweep was cut short: there it is what to read (a crashed worker's stderr).
     ended_well = not address and not result["unfinished"] and not result.get("failed")
@@ -260,7 +272,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], path: Path, root: Storag
             "ray_session_kept": bool(session) and not (ended_well and remove_session(session))}
 
 
-def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
+def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
     """Inside the Ray session: the parent run, Tune's run of the tuning stage (new or restored), then,
     with ``confirm:``, the confirm stage's (:mod:`fedsweep.sweep.confirm`), and the sweep's outcome."""
     from fedsweep.sweep.confirm import EXPERIMENT, confirm_size
@@ -282,7 +294,7 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
         state = {"sweep_id": uuid.uuid4().hex, "parent_run_id": None, "tracking_uri": uri,
                  "experiment": experiment, "finished": False}
         store.write_text(STATE_FILE, json.dumps(state))
-        parent_id = _create_parent(client, exp_id, sweep, trials, units, path, state["sweep_id"])
+        parent_id = _create_parent(client, exp_id, sweep, trials, units, record, state["sweep_id"])
         state["parent_run_id"] = parent_id
         store.write_text(STATE_FILE, json.dumps(state))
         payloads = _trial_payloads(trials, sweep)
@@ -293,8 +305,8 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
     total = len(payloads) + ahead
     packs = f" in {len(units)} packs" if len(units) < len(payloads) else ""
     then = f", then {ahead} confirm trials" if ahead else " (on to its confirm stage)" if confirming else ""
-    print(f"{sweep.name}: {len(payloads) if not confirming else total} trials{packs}{then}; MLflow experiment "
-          f"{experiment!r} at {uri}", file=sys.stderr)
+    show(f"{sweep.name}: {len(payloads) if not confirming else total} trials{packs}{then}; MLflow experiment "
+         f"{experiment!r} at {uri}")
     from fedsweep.util.startup import end_startup
     end_startup()   # the driver's imports (Ray, MLflow) are done
     quiet_tune_state_errors(store.where())
@@ -319,8 +331,8 @@ def _fit(sweep, trials, path, root: Storage, uri, resume, client, exp_id, experi
                 sweep, payloads, units, store, sweep_id, store.child(EXPERIMENT)), grace)
     ended = end_sweep(name=sweep.name, store=store, state=state, parent_id=parent_id, total=total, units=units,
                       uri=uri, client=client, exp_id=exp_id, grace=grace, stopped=stopped)
-    return {"trials": total, "parent_run_id": parent_id, "tracking_uri": uri, "experiment": experiment,
-            "experiment_id": exp_id, **ended}
+    return {"trials": total, "sweep": sweep.name, "parent_run_id": parent_id, "tracking_uri": uri,
+            "experiment": experiment, "experiment_id": exp_id, **ended}
 
 
 def _drive(tuner, restore, grace: float):
@@ -368,8 +380,8 @@ def _plan_confirm(sweep, payloads, units, store: Storage, state: dict, uri, clie
     state["stage"] = "confirm"
     store.write_text(STATE_FILE, json.dumps(state))
     packs = f" in {len(units) - first} packs" if len(units) - first < len(planned) else ""
-    print(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
-          f"{', '.join(map(str, sweep.confirm.seeds))}", file=sys.stderr)
+    show(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
+         f"{', '.join(map(str, sweep.confirm.seeds))}")
     payloads = payloads + planned
     return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
                                                  exp_id, parent_id)
@@ -385,7 +397,7 @@ def _lost_with_its_node(error: RuntimeError) -> bool:
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
-                   path: Path, sweep_id: str) -> str:
+                   record: bytes, sweep_id: str) -> str:
     # What the sweep is, as tags, not params: the MLflow UI offers every param of the runs shown in
     # its pickers (Compare, charts, Group by), where the parent's grid would stand beside, and before,
     # the children's own keys with no value for them.
@@ -399,7 +411,7 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
         "fedsweep.role": "sweep", "fedsweep.sweep": sweep.name, "fedsweep.sweep_id": sweep_id,
         **{k: str(v)[:8000] for k, v in described.items()}, **plugin_tags(records(specs))})
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(path, Path(tmp) / "sweep.yaml")
+        (Path(tmp) / "sweep.yaml").write_bytes(record)
         for plugin in load_plugins(specs):   # the code the trials run, beside the file that names it
             for name, file in source_files(plugin):
                 (Path(tmp) / "plugins" / name).parent.mkdir(parents=True, exist_ok=True)
