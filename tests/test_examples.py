@@ -64,3 +64,15 @@ def test_the_examples_algorithms_pass_fedsweep_check(tmp_path, fresh_home):
         shutil.copytree(EXAMPLES / name, folder)
         checked = _fedsweep(folder, fresh_home, "check", algorithm, "--plugins", plugin)
         assert checked.returncode == 0 and f"{algorithm}: all " in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_the_python_api_example_runs_from_a_folder_outside_the_repository(tmp_path, fresh_home):
+    """examples/api.py, with the plugin folder it names beside it, as a script from its own folder."""
+    shutil.copy(EXAMPLES / "api.py", tmp_path / "api.py")
+    shutil.copytree(EXAMPLES / "mylab", tmp_path / "mylab")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    ran = subprocess.run([sys.executable, "api.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**env, "HOME": str(fresh_home), "FEDSWEEP_NO_REPORT": "1"})
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
+    assert "fedavg_decay" in ran.stdout and "ReportResult(path='reports/api_mylab/report.md', trials=12" in ran.stdout
+    assert (tmp_path / "reports" / "api_mylab" / "comparisons.csv").is_file()

@@ -145,19 +145,28 @@ def _import_path(path: Path, key: str, reload: bool = False) -> Plugin:
                           f"(from {where or 'built in'}); rename the file")
     spec = importlib.util.spec_from_file_location(name, file, submodule_search_locations=locations)
     module = importlib.util.module_from_spec(spec)
-    before = sys.modules.get(name)
-    sys.modules[name] = module
+    before = {m: sys.modules.pop(m) for m in list(sys.modules) if m == name or m.startswith(name + ".")}
+    sys.modules[name] = module   # a package's submodules are imported anew with it (their source may have changed)
     try:
         spec.loader.exec_module(module)
     except BaseException as e:
-        if before is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = before
+        for m in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[m]
+        sys.modules.update(before)
+        _forget(name)   # what it registered before the error: no half of a plugin stays
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         raise _import_error(key, spec_text, e) from None
     return _plugin(spec_text, module, "plugins")
+
+
+def _forget(name: str) -> None:
+    """Every registration made by module ``name`` or its submodules."""
+    from fedsweep.config.registry import ALGORITHMS, DATASETS, MODELS
+    for registry in (ALGORITHMS, MODELS, DATASETS):
+        for entry in registry.entries():
+            if entry.module == name or entry.module.startswith(name + "."):
+                registry.remove(entry.name)
 
 
 def _import_module(name: str, key: str) -> Plugin:
