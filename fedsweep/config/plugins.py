@@ -26,11 +26,10 @@ import os
 import sys
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedsweep.util.errors import ConfigError
+from fedsweep.util.errors import ConfigError, raised
 
 
 @dataclass(frozen=True)
@@ -188,10 +187,8 @@ def _import_module(name: str, key: str) -> Plugin:
 def _import_error(key: str, spec: str, e: BaseException) -> ConfigError:
     if isinstance(e, ConfigError):   # a registration refused (a clash, not an Algorithm, ...)
         return ConfigError(f"{key}: {spec}: {e}")
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
-    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    first = (str(e).strip().splitlines() or [""])[0][:300]
-    return ConfigError(f"{key}: {spec}: importing it failed ({type(e).__name__}: {first}{at})".replace(": )", ")"))
+    return ConfigError(f"{key}: {spec}: importing it failed ({raised(e, skip=('importlib',), width=300)})"
+                       .replace(": )", ")"))
 
 
 def _source_of(module) -> str | None:

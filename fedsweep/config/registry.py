@@ -65,13 +65,9 @@ class Entry:
     def builtin(self) -> bool:
         return self.module in BUILTINS
 
-    @property
-    def file(self) -> str | None:
-        return getattr(sys.modules.get(self.module), "__file__", None)
-
     def where(self) -> str:
-        """The registering module, with its file where it is not an installed fedsweep module."""
-        return self.module if self.builtin or not self.file else f"{self.module} ({self.file})"
+        """The registering module, with its file where it is not one of fedsweep's own."""
+        return _module_where(self.module)
 
     def description(self) -> str:
         """The first paragraph of its docstring (a class without one: its module's), on one line."""

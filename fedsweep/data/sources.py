@@ -27,6 +27,7 @@ import numpy as np
 from fedsweep.config.registry import DATASETS
 from fedsweep.data.contract import Source, check_source
 from fedsweep.config.schema import ConfigError, DataConfig
+from fedsweep.util.errors import raised
 from fedsweep.util.lazy import torch
 from fedsweep.sim.rng import np_rng
 
@@ -48,10 +49,7 @@ def load_source(cfg: DataConfig, seed: int) -> Source:
 
 
 def _error(e: BaseException) -> str:
-    import traceback
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/fedsweep/data/" not in f.filename]
-    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}{at}"
+    return raised(e, skip=("/fedsweep/data/",))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from torch import nn
 
 from fedsweep.config.registry import MODELS
 from fedsweep.config.schema import ConfigError, ModelConfig
+from fedsweep.util.errors import raised
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The registered model ``cfg.name`` (``fedsweep models``) for inputs of shape ``input_shape`` and
@@ -70,11 +71,7 @@ def check_output(net: nn.Module, name: str, input_shape: tuple[int, ...], num_cl
 
 
 def _error(e: BaseException) -> str:
-    import traceback
-    frames = traceback.extract_tb(e.__traceback__)
-    ours = [f for f in frames if "/torch/" not in f.filename]
-    at = f" at {ours[-1].filename}:{ours[-1].lineno}" if ours else ""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}{at}"
+    return raised(e, skip=("/torch/",))
 
 
 def param_count(model: nn.Module) -> int:

@@ -11,3 +11,13 @@ class ConfigError(Exception):
 
     Not a ValueError on purpose: pydantic would wrap a ValueError raised in a validator into a
     ValidationError and prefix it; this one propagates with its message intact."""
+
+
+def raised(e: BaseException, skip: tuple[str, ...] = (), width: int = 200) -> str:
+    """``Type: its first line at file:line`` of an exception from a user's code (a plugin, a model, a
+    dataset function), for a one-line error: the place is the innermost frame whose file holds none of
+    ``skip`` (torch's own frames, say), so the line points at the user's code."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not any(s in f.filename for s in skip)]
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:width]}{at}"
