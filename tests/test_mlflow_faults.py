@@ -85,7 +85,13 @@ con.execute("COMMIT")
 """
 
 
-def lock_store(db: Path, seconds: float) -> subprocess.Popen:
+# Longer than sqlite waits on a lock (20 s) after the writer's next write begins, which is up to 5 s
+# (ROWS_EVERY_S) after the lock is taken, more on a loaded machine: 25 s let a write begun late wait the
+# lock out and succeed, with no failure to report.
+LOCKED_S = 45
+
+
+def lock_store(db: Path, seconds: float = LOCKED_S) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
@@ -120,7 +126,7 @@ def test_a_run_is_in_mlflow_while_it_trains_and_trains_on_through_a_locked_store
         assert proc.poll() is None and run.info.status == "RUNNING"
         assert run.data.tags["fedsweep.status"] == "running" and run.data.params["local.lr"] == "0.1"
         assert run.inputs.dataset_inputs[0].dataset.name == "digits classes2 N8"
-        locker = lock_store(tmp_path / "mlflow.db", 25)
+        locker = lock_store(tmp_path / "mlflow.db")
         locker.wait(timeout=60)
         log = tmp_path / "driver.log"
         wait_for(lambda: "answers again" in log.read_text(), 90, "the store to be written again")
@@ -344,7 +350,7 @@ def test_a_sweep_trains_on_through_a_locked_store(tmp_path, monkeypatch):
     proc = start(["tune", path], tmp_path, MLFLOW_TRACKING_URI=uri)
     try:
         wait_for(lambda: len(runs_of(uri, "locked")) >= 2, 120, "the first trial's run")
-        lock_store(tmp_path / "mlflow.db", 25).wait(timeout=60)
+        lock_store(tmp_path / "mlflow.db").wait(timeout=60)
         proc.wait(timeout=300)
     finally:
         end(proc, signal.SIGKILL)
