@@ -360,6 +360,7 @@ def sweep_report(sweep: str | os.PathLike | dict, out_dir: str | os.PathLike | N
                            reference=reference_method(spec, (t.method for t in trials)),
                            relative_target=spec.report.relative_target, sampled_keys=sampled_keys(spec),
                            resolution=max(t.config.eval.every for t in trials),   # rounds are seen this often
+                           margin=spec.report.margin.model_dump(),
                            random_first=spec.search.startup() if spec.search and spec.search.searcher == "optuna"
                            else None, quiet=quiet)
     except OSError as e:

@@ -171,7 +171,7 @@ def test_write_report(store_target, tmp_path):
     # means with their 95% t-interval over 2 seeds: mean ± t(0.975, 1) · sd / √2 = ± 12.706 · sd / √2
     assert "| 0.1 | fedavg | local.lr=0.1 | 2 | 0.8700 [0.7429, 0.9971] |" in text
     assert "| 0.5 | fedavg | local.lr=0.05 | 2 | 0.8600 [0.7329, 0.9871] |" in text
-    assert "| 0.5 | fedlga | local.lr=0.05 | 2 | 0.7550 [0.0562, 1.4538] |" in text
+    assert "| 0.5 | fedlga | local.lr=0.05 | 2 | 0.7550 [0.0562, 1.0000] |" in text
     assert "| 50.0 [1 seed: no CI] | 1/2 |" in text                     # rounds to target of that row: one seed
     # full table: every config, with its rank and statuses
     assert "| fedavg | 0.5 | 2 | local.lr=0.1 | 0.4750 ± 0.6718 | 10.0 | 1/2 | 2 | diverged 1, finished 1 |" in text
@@ -256,10 +256,10 @@ def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
     assert "| setting | fedavg | fedlga |" in section                        # reference column first
     assert "| heterogeneity.rho=0.1 | 21.0 [8.3, 33.7] (1.00×) | 26.0 [13.3, 38.7] (0.81×) |" in section   # 21/26
     # 42/50; one seed of two reached the target
-    assert ("| heterogeneity.rho=0.5 | 42.0 [16.6, 67.4] (1.00×) | 50.0 [1 seed: no CI] (0.84×), 1/2 reached |"
+    assert ("| heterogeneity.rho=0.5 | 42.0 [16.6, 60.0] (1.00×) | 50.0 [1 seed: no CI] (0.84×), 1/2 reached |"
             in section)
     plain = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "noref").read_text()
-    assert "| heterogeneity.rho=0.5 | 42.0 [16.6, 67.4] | 50.0 [1 seed: no CI], 1/2 reached |" in plain
+    assert "| heterogeneity.rho=0.5 | 42.0 [16.6, 60.0] | 50.0 [1 seed: no CI], 1/2 reached |" in plain
     assert "×" not in plain and "No reference method, so no verdicts" in plain
     assert (tmp_path / "noref" / "comparisons.csv").read_text().strip() == ",".join(COLUMNS)   # the header only
 
@@ -279,7 +279,7 @@ def test_never_reached_cell(store_target, tmp_path):
     from fedsweep.reports.tables import _rounds_table
     trials = load_trials(store_target, EXPERIMENT, SWEEP)
     best = best_configs(config_table(trials))
-    best = add_intervals(best, seed_values(best, trials, ["rounds_to_target"]), {"rtt": "rounds_to_target"})
+    best = add_intervals(best, seed_values(best, trials, ["rounds_to_target"]), {"rtt": ("rounds_to_target", 1, 60)})
     best.loc[best["method"] == "fedavg", "reached"] = 0
     table = _rounds_table(best, "fedavg")
     # no speed-up over a reference that never got there
@@ -334,8 +334,9 @@ def test_relative_target_broadcast_reference_and_weight_figures(store_soft, tmp_
                         reference="fedavg", relative_target=0.9).read_text()
     assert "0.9 × the final accuracy of fedavg's best config" in text and "all: 0.7650" in text
     section = text.split("## Rounds to target per setting")[1].split("##")[0]
-    assert "| algorithm.temperature=0.1 | 5.0 [-7.7, 17.7] (1.00×) | 3.0 [-9.7, 15.7] (1.67×) |" in section  # fedavg
-    assert "| algorithm.temperature=1 | 5.0 [-7.7, 17.7] (1.00×) | 4.0 [1 seed: no CI] (1.25×), 1/2 reached |" in section
+    # t-intervals [-7.7, 17.7] and [-9.7, 15.7] over two seeds, cut to [1 round, the 8 a run had]
+    assert "| algorithm.temperature=0.1 | 5.0 [1.0, 8.0] (1.00×) | 3.0 [1.0, 8.0] (1.67×) |" in section  # fedavg
+    assert "| algorithm.temperature=1 | 5.0 [1.0, 8.0] (1.00×) | 4.0 [1 seed: no CI] (1.25×), 1/2 reached |" in section
     for name in ("settings_curves.png", "weights_fedsoftmax.png", "accuracy_curves.png", "rounds_to_target.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     assert "](weights_fedsoftmax.png)" in text and "weights_fedavg" not in text
@@ -420,30 +421,33 @@ def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_pat
     table = pd.read_csv(tmp_path / "comparisons.csv", keep_default_na=False, na_values=[""])
     assert list(table.columns) == COLUMNS == ["setting", "metric", "method", "reference", "n_seeds", "difference",
                                               "ci_low", "ci_high", "p_adjusted", "verdict", "mde", "test",
-                                              "censored_method", "censored_reference", "note"]
+                                              "censored_method", "censored_reference", "note", "adj_ci_low",
+                                              "adj_ci_high", "margin", "power_mde", "seeds_used", "stop_reason"]
     assert len(table) == 8 and (table["reference"] == "fedavg").all() and (table["n_seeds"] == 10).all()
     rows = {(r.setting, r.metric, r.method): r for r in table.itertuples()}
     faster = rows[("heterogeneity.rho=0.1", "rounds_to_target", "fedlga")]
-    assert faster.verdict == "better" and faster.difference == pytest.approx(-11) and faster.test == "paired t"
+    assert faster.verdict == "better" and faster.difference == pytest.approx(-11) and faster.test == "signed-rank (exact)"
+    assert faster.adj_ci_high < 0 and faster.p_adjusted == pytest.approx(8 * 2 / 2 ** 10)
     assert rows[("heterogeneity.rho=0.1", "best/test_accuracy", "fedlga")].verdict == "better"
     for metric in ("rounds_to_target", "best/test_accuracy"):                 # the A/A pair
         same = rows[("heterogeneity.rho=0.1", metric, "fedcm")]
-        assert same.verdict == "no difference" and same.ci_low <= 0 <= same.ci_high and same.difference == 0
-    # nine of ten fedlga runs never reached the target: ranked, never averaged; the medians' difference
-    # is 61 (R + 1) - 42 (fedavg's median), a bound
+        assert same.verdict == "equivalent" and same.adj_ci_low == same.adj_ci_high == same.difference == 0
+    # nine of ten fedlga runs never reached the target: ranked last (R + 1 = 61), never averaged
     never = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedlga")]
-    assert never.verdict == "worse" and never.test == "Wilcoxon signed-rank"
-    assert (never.censored_method, never.censored_reference) == (9, 0) and never.difference == pytest.approx(19)
-    assert "a median is censored" in never.note
+    assert never.verdict == "worse" and never.test == "signed-rank (exact)" and never.adj_ci_low > 0
+    assert (never.censored_method, never.censored_reference) == (9, 0) and 16 <= never.difference <= 21
+    assert "the estimate is a bound" in never.note
     step = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedcm")]       # 1 round faster, seen every 2
-    assert step.verdict == "no difference" and "below resolution (±2)" in step.note
+    assert step.verdict == "equivalent" and -2 < step.adj_ci_low and step.adj_ci_high < 0   # inside the margin ±2
     noise = rows[("heterogeneity.rho=0.5", "best/test_accuracy", "fedcm")]
-    assert noise.verdict == "no difference" and noise.mde > 0 and noise.test == "paired t"
+    assert noise.verdict == "equivalent" and noise.power_mde > 0 and noise.margin == 0.01
+    assert (table["seeds_used"] == 10).all() and (table["stop_reason"] == "fixed seeds").all()
 
     section = text.split("## Comparisons with fedavg")[1].split("\n## ")[0]
-    assert "paired by seed" in section and "Holm-adjusted over the 8 tested comparisons" in section
+    assert "paired by seed" in section and "adjusted over the 8 tested comparisons" in section
     assert "| heterogeneity.rho=0.1 | rounds_to_target | fedlga | 10 | -11.0 [" in section
-    assert f"| {never.p_adjusted:.3g} | worse | Wilcoxon signed-rank | 9 / 0 | a median is censored" in section
+    assert (f"| {never.p_adjusted:.3g} | worse | ±{never.power_mde:.1f} | signed-rank (exact) | 9 / 0 | "
+            "censored runs count") in section
     # the best-config table: every mean with its 95% t-interval over the ten seeds
     acc = [_seeded("fedlga", 0.1, s)[0] for s in SEEDS]
     low, high = stats.t.interval(0.95, 9, loc=np.mean(acc), scale=stats.sem(acc))

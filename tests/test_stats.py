@@ -1,7 +1,10 @@
-"""fedsweep report's statistics (fedsweep/reports/stats.py) on fixed per-seed numbers: intervals as
-scipy makes them, Holm by hand, verdicts paired by seed, censored rounds, the evaluation cadence."""
+"""fedsweep report's statistics (fedsweep/reports/stats.py) on fixed per-seed numbers: the sign-flip
+and signed-rank tests against enumeration and scipy, intervals that are those tests inverted, Holm's
+levels, verdicts that agree with their adjusted interval, censored rounds, the evaluation cadence,
+equivalence margins and power."""
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -10,11 +13,13 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fedsweep.reports.stats import (COLUMNS, PAIRED_T, RANK_TEST, Metric, compare, comparison_table, holm, mean_ci,
-                                   mean_ci_rows, verdict)
+from fedsweep.reports.stats import (COLUMNS, MEAN, RANK, Metric, compare, comparison_table, estimate, holm,
+                                   holm_levels, interval, mean_ci, mean_ci_rows, p_value, power_mde, smallest_p)
 
-ACCURACY = Metric("acc", higher_is_better=True)
-ROUNDS = Metric("rounds", higher_is_better=False, resolution=5, censored=True, horizon=60)
+ACCURACY = Metric("acc", higher_is_better=True, margin=0.01, low=0.0, high=1.0)
+ROUNDS = Metric("rounds", higher_is_better=False, resolution=5, censored=True, horizon=60, margin=2, low=1, high=60)
+EVERY_ROUND = replace(ROUNDS, resolution=1)
+REFERENCE = [0.91, 0.93, 0.90, 0.94, 0.92, 0.95, 0.89, 0.90]          # eight seeds
 
 
 def seeds(values, column: str = "acc", first: int = 0) -> pd.DataFrame:
@@ -24,21 +29,35 @@ def seeds(values, column: str = "acc", first: int = 0) -> pd.DataFrame:
 
 def called(method, reference, metric=ACCURACY) -> dict:
     """One comparison with its verdict, alone in its report (Holm over one p leaves it as it is)."""
-    table = comparison_table({("all", "m"): method, ("all", "ref"): reference}, "ref", {"metric": metric})
+    column = metric.column
+    table = comparison_table({("all", "m"): seeds(method, column), ("all", "ref"): seeds(reference, column)}, "ref",
+                             {"metric": metric})
     assert len(table) == 1
     return table.iloc[0].to_dict()
 
 
-def test_mean_ci_is_scipys_t_interval():
+def flips_by_hand(x) -> float:
+    """Two-sided sign-flip p by listing every pattern."""
+    x = np.asarray(x, float)
+    sums = [abs(sum(s * v for s, v in zip(signs, x))) for signs in itertools.product([1, -1], repeat=len(x))]
+    return sum(t >= abs(x.sum()) - 1e-12 for t in sums) / len(sums)
+
+
+# -- intervals of a mean ---------------------------------------------------------------------------
+
+def test_mean_ci_is_scipys_t_interval_cut_to_the_metrics_range():
     x = [0.91, 0.93, 0.90, 0.94, 0.92]
     got = mean_ci(x)
     low, high = stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
     assert (got.mean, got.low, got.high, got.n) == pytest.approx((0.92, low, high, 5))
-    assert (got.low, got.high) == pytest.approx((0.900368, 0.939632), abs=1e-6)   # 0.92 ± 2.776 · 0.0158 / √5
-    assert mean_ci([0.9, 0.8], confidence=0.5).high == pytest.approx(0.9)        # t(0.75, 1) = 1: mean ± sem
     one = mean_ci([0.87, math.nan])                                              # NaN is no seed
     assert one.mean == 0.87 and one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
     assert mean_ci([0.5, 0.5, 0.5])[:3] == (0.5, 0.5, 0.5)                       # equal seeds: a point
+    # what the t-interval says past the possible is cut: accuracy [0.8593, 1.0185] -> [0.8593, 1]
+    wide = mean_ci([0.88, 1.0, 0.93, 0.99, 0.9], low=0.0, high=1.0)
+    assert wide.high == 1.0 and wide.low == pytest.approx(mean_ci([0.88, 1.0, 0.93, 0.99, 0.9]).low)
+    rounds = mean_ci([3, 40, 2, 45], low=1, high=60)                             # never below 1 round
+    assert rounds.low == 1 and mean_ci([3, 40, 2, 45]).low < 1
 
 
 def test_curve_bands_are_the_same_intervals_per_round():
@@ -50,53 +69,214 @@ def test_curve_bands_are_the_same_intervals_per_round():
         assert mean[i] == pytest.approx(want.mean)
         assert [low[i], high[i]] == pytest.approx([want.low, want.high], nan_ok=True)
     assert math.isnan(low[3]) and (low[1], high[1]) == pytest.approx((0.2, 0.2))
+    _, low, high = mean_ci_rows(frame, low=0.0, high=0.45)
+    assert low.min() >= 0 and high.max() <= 0.45
 
+
+# -- the tests -------------------------------------------------------------------------------------
+
+def test_sign_flip_p_is_the_share_of_sign_patterns_at_least_as_extreme():
+    for d in ([0.01, 0.02, -0.005, 0.03], [-2, -1, -2, -2, -1], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5], [1, -1, 2, -2, 3, 0.5, 4]):
+        assert p_value(np.array(d, float), MEAN) == pytest.approx(flips_by_hand(d))
+    # the issue's false call of the paired t-test: t p 0.0028, exact 2 / 32
+    assert stats.ttest_1samp([-2, -1, -2, -2, -1], 0).pvalue < 0.003
+    assert p_value(np.array([-2., -1, -2, -2, -1]), MEAN) == pytest.approx(0.0625)
+    assert smallest_p(5) == 0.0625 and smallest_p(8) == 2 / 256
+
+
+def test_signed_rank_p_is_scipys_exact_wilcoxon_without_ties():
+    rng = np.random.default_rng(3)
+    for n in (5, 7, 10, 13):
+        d = rng.normal(0.3, 1.0, n)
+        assert p_value(d, RANK) == pytest.approx(stats.wilcoxon(d, method="exact").pvalue)
+
+
+def test_beyond_sixteen_seeds_the_patterns_are_drawn_once_and_the_same_each_time():
+    d = np.random.default_rng(0).normal(0.004, 0.01, 30)
+    first = p_value(d, MEAN)
+    assert first == p_value(d, MEAN) and abs(first - stats.ttest_1samp(d, 0).pvalue) < 0.02
+    assert "20,000 random sign patterns" in called(list(0.9 + d), [0.9] * 30)["test"]
+
+
+def test_an_enumerated_null_calls_no_more_than_the_nominal_rate():
+    """Under the null each sign pattern of the paired differences is equally likely: over all of them
+    the test rejects at most 5% of the time, for integer rounds and for accuracies alike."""
+    for magnitudes, kind in (([2, 1, 2, 2, 1, 1, 3, 2], MEAN), ([2, 1, 2, 2, 1, 1, 3, 2], RANK),
+                             ([0.004, 0.012, 0.002, 0.02, 0.008, 0.006, 0.004], MEAN)):
+        ps = [p_value(np.multiply(magnitudes, s), kind) for s in itertools.product([1, -1], repeat=len(magnitudes))]
+        assert np.mean(np.array(ps) < 0.05) <= 0.05
+
+
+# -- intervals of a difference: the tests inverted --------------------------------------------------
+
+def test_an_interval_holds_0_exactly_when_its_test_accepts_0():
+    rng = np.random.default_rng(7)
+    cases = [rng.normal(rng.choice([0, 0.01, 0.03]), 0.01, rng.integers(2, 20)) for _ in range(40)]
+    cases += [np.full(6, -5.0), np.array([-5.0] * 5 + [-6.0]), np.round(rng.normal(-1, 1.5, 12)), np.zeros(9),
+              np.array([1.0] * 16 + [-32.0])]
+    for d in cases:
+        for kind in (MEAN, RANK):
+            for level in (0.05, 0.01, 0.05 / 6):
+                low, high = interval(d, kind, level, bound=100)
+                assert low <= estimate(d, kind) <= high
+                assert (low <= 0 <= high) == (p_value(d, kind) >= level), (d, kind, level)
+
+
+def test_the_rank_interval_is_the_walsh_average_interval_of_the_exact_signed_rank_test():
+    """Without ties the shifts the exact signed-rank test accepts run from the k-th smallest Walsh
+    average to the k-th largest, k from its null distribution (Hollander & Wolfe, 3.3)."""
+    d = np.array([1.8, -0.4, 2.9, 0.7, 3.6, 1.1, -1.3, 2.2, 0.3])
+    n = len(d)
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2)
+    counts = np.zeros(n * (n + 1) // 2 + 1)            # the null distribution of W+ by enumeration
+    for signs in itertools.product([0, 1], repeat=n):
+        counts[sum(r for s, r in zip(signs, range(1, n + 1)) if s)] += 1
+    cdf = np.cumsum(counts) / counts.sum()
+    k = int(np.searchsorted(cdf, 0.025, side="right"))  # P(W+ <= k - 1) <= 0.025 < P(W+ <= k)
+    low, high = interval(d, RANK, 0.05)
+    assert (low, high) == pytest.approx((walsh[k - 1], walsh[-k]), abs=1e-9)   # k-th smallest, k-th largest
+    assert estimate(d, RANK) == pytest.approx(np.median(walsh))
+
+
+def test_intervals_stay_inside_what_a_difference_can_be():
+    five = called([0.80, 0.82, 0.79, 0.81, 0.83], [0.91, 0.93, 0.90, 0.94, 0.92])
+    assert (five["ci_low"], five["ci_high"]) == (-1.0, 1.0)   # 5 seeds: no shift is rejected at 0.05
+    assert five["verdict"] == "inconclusive" and "5 seeds cannot reach the adjusted level 0.05" in five["note"]
+    rounds = called([20, 30, 25, 28, 22], [30, 32, 31, 33, 29], ROUNDS)
+    assert (rounds["ci_low"], rounds["ci_high"]) == (-60, 60)    # R + 1 - 1
+
+
+# -- Holm ------------------------------------------------------------------------------------------
 
 def test_holm_against_hand_computed_values():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    # a comparison without a test stays NaN and is not counted: m = 2
     assert holm([0.5, math.nan, 0.3]) == pytest.approx([0.6, math.nan, 0.6], nan_ok=True)
-    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])                          # capped at 1
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])
     assert len(holm([])) == 0
+    # levels: 0.005 < 0.05/4 called at 0.0125; 0.01 < 0.05/3 at 0.01667; 0.03 >= 0.05/2: stop, the rest at 0.025
+    level, call = holm_levels([0.01, 0.04, 0.03, 0.005])
+    assert level == pytest.approx([0.05 / 3, 0.025, 0.025, 0.0125]) and call.tolist() == [True, False, False, True]
+    for p in np.random.default_rng(1).uniform(0, 0.1, (200, 6)):
+        assert (holm(p) < 0.05).tolist() == holm_levels(p)[1].tolist()
 
 
-def test_an_a_a_pair_reads_no_difference_with_a_ci_holding_0():
+def test_in_a_family_every_adjusted_interval_agrees_with_its_verdict():
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        values = {("s", "fedavg"): seeds(REFERENCE)}
+        for k, shift in enumerate(rng.choice([0.0, -0.005, -0.02, 0.03], 5)):
+            values[("s", f"m{k}")] = seeds(np.add(REFERENCE, rng.normal(shift, 0.006, 8)))
+        table = comparison_table(values, "fedavg", {"acc": ACCURACY})
+        assert list(table.columns) == COLUMNS
+        for _, r in table.iterrows():
+            excludes = r["adj_ci_low"] > 0 or r["adj_ci_high"] < 0
+            assert excludes == (r["verdict"] in ("better", "worse")) == (r["p_adjusted"] < 0.05)
+            assert r["adj_ci_low"] <= r["ci_low"] <= r["difference"] <= r["ci_high"] <= r["adj_ci_high"]
+            if r["verdict"] == "better":
+                assert r["adj_ci_low"] > 0
+            if r["verdict"] == "equivalent":
+                assert -0.01 < r["adj_ci_low"] and r["adj_ci_high"] < 0.01
+
+
+def test_fedprox_losing_eleven_points_is_no_longer_no_difference():
+    """The held-out sweep's case: −0.115 [−0.208, −0.021] raw, Holm p 0.060 over two comparisons. The
+    call is now `inconclusive`, with an adjusted interval that holds 0, never `no difference`."""
+    ref = [0.93, 0.95, 0.92, 0.94]
+    values = {("s", "fedavg"): seeds(ref), ("s", "fedprox"): seeds(np.subtract(ref, [0.05, 0.20, 0.09, 0.12])),
+              ("s", "fedcm"): seeds(np.add(ref, [0.01, -0.01, 0.005, 0.0]))}
+    table = comparison_table(values, "fedavg", {"acc": ACCURACY}).set_index("method")
+    prox = table.loc["fedprox"]
+    assert prox["verdict"] == "inconclusive" and prox["adj_ci_low"] < 0 < prox["adj_ci_high"]
+    assert set(table["verdict"]) <= {"inconclusive"}
+
+
+# -- verdicts --------------------------------------------------------------------------------------
+
+def test_an_a_a_pair_reads_equivalent_and_with_too_few_seeds_inconclusive():
     """FedCM with α = 1 makes FedAvg's updates: the same accuracy and rounds on every seed."""
-    acc = [0.912, 0.905, 0.921, 0.899, 0.915]
-    row = called(seeds(acc), seeds(acc))
-    assert row["verdict"] == "no difference" and row["difference"] == 0 and row["test"] == "identical"
-    assert row["ci_low"] <= 0 <= row["ci_high"] and row["p_adjusted"] == 1
-    rounds = called(seeds([30, 32, 28, 34, 30], "rounds"), seeds([30, 32, 28, 34, 30], "rounds"), ROUNDS)
-    assert rounds["verdict"] == "no difference" and rounds["ci_low"] <= 0 <= rounds["ci_high"]
-    # the same arm again with evaluation noise that averages out: tested, not called, its mde said
-    noisy = called(seeds(np.add(acc, [0.002, -0.002, 0.001, -0.001, 0.0])), seeds(acc))
-    assert noisy["test"] == PAIRED_T and noisy["verdict"] == "no difference"
-    assert noisy["ci_low"] < 0 < noisy["ci_high"] and noisy["mde"] > 0
+    row = called(REFERENCE, REFERENCE)
+    assert row["verdict"] == "equivalent" and row["difference"] == 0 and (row["adj_ci_low"], row["adj_ci_high"]) == (0, 0)
+    assert row["p_adjusted"] == 1 and "the same on every seed" in row["note"]
+    rounds = called([30, 32, 28, 34, 30, 31, 29, 35], [30, 32, 28, 34, 30, 31, 29, 35], ROUNDS)
+    assert rounds["verdict"] == "equivalent"
+    few = called(REFERENCE[:5], REFERENCE[:5])
+    assert few["verdict"] == "inconclusive" and few["power_mde"] == math.inf
+    # the same arm with evaluation noise that averages out: inside ±0.01 at eight seeds
+    noisy = called(np.add(REFERENCE, [0.002, -0.002, 0.001, -0.001, 0.0, 0.001, -0.001, 0.0]), REFERENCE)
+    assert noisy["verdict"] == "equivalent" and noisy["adj_ci_low"] < 0 < noisy["adj_ci_high"]
+    assert called(np.add(REFERENCE, [0.002, -0.002, 0.001, -0.001, 0.0, 0.001, -0.001, 0.0]), REFERENCE,
+                  replace(ACCURACY, margin=0))["verdict"] == "inconclusive"
 
 
 def test_a_clearly_worse_arm_reads_worse_and_its_mirror_better():
-    reference = [0.91, 0.93, 0.90, 0.94, 0.92]
-    worse = np.subtract(reference, [0.05, 0.06, 0.05, 0.04, 0.05])
-    row = called(seeds(worse), seeds(reference))
-    assert row["verdict"] == "worse" and row["test"] == PAIRED_T and row["ci_high"] < 0
-    assert row["difference"] == pytest.approx(-0.05) and math.isnan(row["mde"])   # mde only for no difference
-    result = stats.ttest_rel(worse, reference)
-    assert row["p_adjusted"] == pytest.approx(result.pvalue)
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx(tuple(result.confidence_interval(0.95)))
-    assert called(seeds(reference), seeds(worse))["verdict"] == "better"
-    # fewer rounds is better, more is worse
-    slow, fast = seeds([40, 45, 41, 44, 47], "rounds"), seeds([30, 32, 28, 34, 30], "rounds")
+    worse = np.subtract(REFERENCE, [0.05, 0.06, 0.05, 0.04, 0.05, 0.05, 0.06, 0.04])
+    row = called(worse, REFERENCE)
+    assert row["verdict"] == "worse" and row["adj_ci_high"] < 0 and row["difference"] == pytest.approx(-0.05)
+    assert row["p_adjusted"] == pytest.approx(2 / 256) and row["test"] == "sign-flip (exact)"
+    assert called(REFERENCE, worse)["verdict"] == "better"
+    slow, fast = [40, 45, 41, 44, 47, 43, 46, 42], [30, 32, 28, 34, 30, 31, 29, 35]
     assert called(slow, fast, ROUNDS)["verdict"] == "worse" and called(fast, slow, ROUNDS)["verdict"] == "better"
 
 
-def test_no_difference_reports_the_smallest_detectable_difference():
-    method, reference = [0.90, 0.93, 0.91, 0.92], [0.91, 0.91, 0.92, 0.90]
-    row = called(seeds(method), seeds(reference))
-    d = np.subtract(method, reference)
-    mde = (stats.t.ppf(0.975, 3) + stats.t.ppf(0.8, 3)) * d.std(ddof=1) / 2     # (3.182 + 0.978) · sd / √4
-    assert row["verdict"] == "no difference" and row["mde"] == pytest.approx(mde)
-    assert row["mde"] == pytest.approx(4.1609 * 0.017321 / 2, rel=1e-3)         # d = ±0.015 about 0.005
+def test_constant_differences_are_called_without_jumps():
+    """Every seed 5 rounds sooner, or one of them 6: the same p, the same call, at 5 seeds and at 8."""
+    for n, want in ((5, "inconclusive"), (8, "better")):
+        ref = list(range(40, 40 + 3 * n, 3))
+        even, one_off = np.subtract(ref, 5), np.subtract(ref, [5] * (n - 1) + [6])
+        a, b = called(even, ref, EVERY_ROUND), called(one_off, ref, EVERY_ROUND)
+        assert a["verdict"] == b["verdict"] == want and a["p_adjusted"] == b["p_adjusted"] == 2 / 2 ** n
+        for row in (a, b):
+            assert row["difference"] == pytest.approx(-5, abs=0.5) and row["test"] == "signed-rank (exact)"
+        acc_a, acc_b = (called(np.subtract(REFERENCE[:n], x), REFERENCE[:n]) for x in
+                        (0.05, [0.05] * (n - 1) + [0.06]))
+        assert acc_a["verdict"] == acc_b["verdict"] and acc_a["p_adjusted"] == acc_b["p_adjusted"]
+
+
+def test_censored_rounds_are_ranked_and_their_direction_agrees_with_the_test():
+    """15 of 16 seeds one round later, one 32 rounds sooner: the median difference said −32 and
+    `better` beside a test that found it later; the Hodges–Lehmann estimate and its interval say +1."""
+    ref = list(range(20, 36)) + [30]
+    method = [x + 1 for x in ref[:16]] + [ref[16] - 32]
+    row = called(method, ref, EVERY_ROUND)
+    assert row["verdict"] == "worse" and row["difference"] == 1 and row["adj_ci_low"] > 0
+    # a run that never got there (R = 60: it counts as 61) ranks last
+    method = [20, math.nan, 24, 22, 21, 23, 20, 22]
+    reference = [30, 32, 31, 33, 29, 35, 30, 31]
+    row = called(method, reference, EVERY_ROUND)
+    assert (row["censored_method"], row["censored_reference"]) == (1, 0) and row["verdict"] == "inconclusive"
+    late = np.subtract([20, 61, 24, 22, 21, 23, 20, 22], reference)
+    assert row["p_adjusted"] == pytest.approx(p_value(late, RANK)) and "the estimate is a bound" in row["note"]
+    assert row["difference"] == pytest.approx(estimate(late, RANK))
+    never = called([math.nan] * 8, reference, EVERY_ROUND)
+    assert never["verdict"] == "worse" and never["censored_method"] == 8 and never["p_adjusted"] == pytest.approx(2 / 256)
+    neither = called([math.nan] * 8, [math.nan] * 8, EVERY_ROUND)
+    assert neither["verdict"] == "equivalent" and neither["censored_reference"] == 8
+
+
+def test_a_difference_inside_the_resolution_is_not_called_and_at_every_round_it_is():
+    """Rounds to target are seen every eval.every rounds: 2 rounds fewer on every seed, evaluated
+    every 5, is no finding; the same evaluated every round is; and 1 round fewer over 20 seeds too."""
+    reference = [30, 35, 40, 30, 35, 40, 45, 30]
+    faster = np.subtract(reference, 2)
+    row = called(faster, reference, replace(ROUNDS, margin=0))
+    assert row["verdict"] == "inconclusive" and "below resolution (±5" in row["note"] and row["adj_ci_high"] < 0
+    assert called(faster, reference, EVERY_ROUND)["verdict"] == "better"
+    twenty = list(range(30, 50))
+    assert called(np.subtract(twenty, 1), twenty, EVERY_ROUND)["verdict"] == "better"
+
+
+def test_power_is_at_the_strictest_holm_level_and_infinite_where_the_seeds_cannot_reach_it():
+    d = np.array([0.01, -0.02, 0.015, 0.0, 0.005, -0.01, 0.02, 0.0])
+    want = (stats.t.ppf(1 - 0.05 / 6 / 2, 7) + stats.t.ppf(0.8, 7)) * d.std(ddof=1) / math.sqrt(8)
+    assert power_mde(d, MEAN, 0.05 / 6) == pytest.approx(want)
+    assert power_mde(d, RANK, 0.05 / 6) == pytest.approx(want * math.sqrt(math.pi / 3))
+    assert power_mde(d, MEAN, 0.05 / 100) == math.inf         # 2/256 > 0.0005
+    assert power_mde(d[:5], MEAN, 0.05) == math.inf and math.isnan(power_mde(d[:1], MEAN, 0.05))
+    row = called(np.add(REFERENCE, d), REFERENCE, replace(ACCURACY, margin=0))
+    assert row["verdict"] == "inconclusive" and row["mde"] == row["power_mde"] == pytest.approx(
+        (stats.t.ppf(0.975, 7) + stats.t.ppf(0.8, 7)) * d.std(ddof=1) / math.sqrt(8))
 
 
 def test_pairs_only_the_seeds_both_ran():
@@ -107,77 +287,10 @@ def test_pairs_only_the_seeds_both_ran():
 
 
 def test_one_paired_seed_is_not_tested():
-    row = called(seeds([0.8]), seeds([0.9]))
+    row = called([0.8], [0.9])
     assert row["verdict"] == "not tested" and row["test"] == "none" and math.isnan(row["p_adjusted"])
     assert math.isnan(row["ci_low"]) and "1 paired seed: no test" in row["note"]
 
 
-def test_censored_rounds_are_ranked_never_averaged():
-    method = [20, math.nan, 24, 22, 21, 23]          # one run never reached the target in R = 60 rounds
-    reference = [30, 32, 31, 33, 29, 35]
-    row = compare(seeds(method, "rounds"), seeds(reference, "rounds"), ROUNDS)
-    assert row["test"] == RANK_TEST and (row["censored_method"], row["censored_reference"]) == (1, 0)
-    # the difference of the medians, the censored run counted as later than every other: 22.5 - 31.5;
-    # averaging it in as R + 1 = 61 would give 28.5 - 31.67
-    assert row["difference"] == pytest.approx(-9.0)
-    late = [20, 61, 24, 22, 21, 23]
-    assert row["p"] == pytest.approx(stats.wilcoxon(late, reference).pvalue)
-    assert row["ci_low"] <= -9 <= row["ci_high"]
-    # a method that never gets there is worse, and its median is a bound
-    never = called(seeds([math.nan] * 6, "rounds"), seeds(reference, "rounds"), ROUNDS)
-    assert never["verdict"] == "worse" and never["censored_method"] == 6
-    assert never["difference"] == pytest.approx(61 - 31.5) and "a median is censored" in never["note"]
-    assert never["p_adjusted"] == pytest.approx(2 / 2 ** 6)    # all six pairs on one side, exactly
-    neither = called(seeds([math.nan] * 6, "rounds"), seeds([math.nan] * 6, "rounds"), ROUNDS)
-    assert neither["verdict"] == "no difference" and neither["censored_reference"] == 6
-    few = called(seeds([math.nan] * 3, "rounds"), seeds(reference[:3], "rounds"), ROUNDS)
-    assert few["verdict"] == "no difference" and "the rank test's smallest p is 0.25" in few["note"]
-
-
-def test_a_difference_inside_the_resolution_is_not_called():
-    """Rounds to target are seen every eval.every rounds: 2 rounds fewer on every seed, evaluated
-    every 5, is no finding; the same at every round is."""
-    reference = [30, 35, 40, 30, 35, 40, 45, 30]
-    faster = seeds(np.subtract(reference, 2), "rounds")
-    row = called(faster, seeds(reference, "rounds"), ROUNDS)
-    assert row["verdict"] == "no difference" and "below resolution (±5)" in row["note"]
-    assert (row["ci_low"], row["ci_high"]) == (-2, -2) and row["p_adjusted"] < 0.05
-    every_round = Metric("rounds", higher_is_better=False, resolution=1, censored=True, horizon=60)
-    assert called(faster, seeds(reference, "rounds"), every_round)["verdict"] == "better"
-    noisy = called(seeds(np.subtract(reference, [1, 2, 1.5, 1, 2, 1.5, 1, 2]), "rounds"),
-                   seeds(reference, "rounds"), ROUNDS)
-    assert noisy["test"] == PAIRED_T and noisy["verdict"] == "no difference" and "below resolution" in noisy["note"]
-
-
-def test_equal_differences_over_two_seeds_are_no_finding():
-    """Every seed 5 rounds slower, from two seeds: the t-test would say p = 0 (no variance); the rank
-    test says what two seeds can: p = 0.5."""
-    row = called(seeds([35, 45], "rounds"), seeds([30, 40], "rounds"), replace(ROUNDS, resolution=1))
-    assert row["test"] == RANK_TEST and row["p_adjusted"] == pytest.approx(0.5)
-    assert row["verdict"] == "no difference" and "every paired difference is +5" in row["note"]
-
-
-def test_holm_runs_over_every_comparison_of_the_report():
-    reference = [0.91, 0.93, 0.90, 0.94, 0.92]
-    values = {("rho=0.1", "fedavg"): seeds(reference),
-              ("rho=0.1", "a"): seeds(np.subtract(reference, [0.05, 0.06, 0.05, 0.04, 0.05])),
-              ("rho=0.1", "b"): seeds(np.add(reference, [0.01, -0.02, 0.02, 0.0, 0.01])),
-              ("rho=0.5", "fedavg"): seeds(reference),
-              ("rho=0.5", "a"): seeds(np.subtract(reference, [0.02, 0.01, 0.03, 0.0, 0.02]))}
-    table = comparison_table(values, "fedavg", {"acc": ACCURACY})
-    assert list(table.columns) == COLUMNS
-    assert list(zip(table["setting"], table["method"])) == [("rho=0.1", "a"), ("rho=0.1", "b"), ("rho=0.5", "a")]
-    raw = [compare(values[k], values[(k[0], "fedavg")], ACCURACY)["p"] for k in
-           [("rho=0.1", "a"), ("rho=0.1", "b"), ("rho=0.5", "a")]]
-    assert table["p_adjusted"].tolist() == pytest.approx(holm(raw).tolist())
-    assert (table["p_adjusted"] >= raw).all() and (table["reference"] == "fedavg").all()
-    # a setting without the reference is not compared
-    assert comparison_table({("x", "a"): seeds(reference)}, "fedavg", {"acc": ACCURACY}).empty
-
-
-def test_verdict_direction_follows_the_metric():
-    row = {"difference": -3.0, "ci_low": -4.0, "ci_high": -2.0, "note": ""}
-    assert verdict(row, 0.01, Metric("rounds", higher_is_better=False)) == ("better", "")
-    assert verdict(row, 0.01, Metric("acc", higher_is_better=True)) == ("worse", "")
-    assert verdict(row, 0.2, Metric("acc", higher_is_better=True)) == ("no difference", "")
-    assert verdict(row, math.nan, ACCURACY)[0] == "not tested"
+def test_a_setting_without_the_reference_is_not_compared():
+    assert comparison_table({("x", "a"): seeds(REFERENCE)}, "fedavg", {"acc": ACCURACY}).empty

@@ -5,7 +5,10 @@
 method and setting as the parent's metrics, and the best-config table as the run's description (the
 MLflow UI shows it on the run's page). Metric names: ``<method>[ <setting>]/<what>``, the setting in
 the short form of run names (``fedlga ρ0.5/rounds_to_target``), so that the runs table's columns
-group them by method; values are rounded to 4 significant digits (the UI shows them whole).
+group them by method; values are rounded to 4 significant digits (the UI shows them whole). Each
+comparison with the reference is there too: its difference and adjusted interval as metrics
+(``<what>_difference``, ``<what>_adj_low``, ``<what>_adj_high``) and its verdict, in words, as the tag
+``fedsweep.verdict.<method>[ <setting>]/<what>`` ("worse −0.0412 [−0.0590, −0.0230], 8 seeds").
 """
 from __future__ import annotations
 
@@ -51,11 +54,35 @@ def selected_metrics(best: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def verdict_entries(best: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) of each comparison of ``comparisons`` on the parent run (module docstring)."""
+    from fedsweep.config.names import short
+    from fedsweep.reports.trials import _setting_label
+    settings = best.attrs["settings"]
+    where = {}
+    for _, r in best.iterrows():
+        label = _setting_label(r, settings) or "all"
+        where[label] = " ".join(short(k, r[k]) for k in settings if k in r and not _missing(r[k]))
+    metrics, tags = {}, {}
+    for _, c in comparisons.iterrows():
+        what = "rounds_to_target" if c["metric"] == "rounds_to_target" else "test_accuracy"
+        digits = 1 if what == "rounds_to_target" else 4
+        name = metric_name(c["method"], where.get(c["setting"], ""), what)
+        for part, value in (("difference", c["difference"]), ("adj_low", c["adj_ci_low"]), ("adj_high", c["adj_ci_high"])):
+            if not _missing(value):
+                metrics[f"{name}_{part}"] = float(f"{value:.4g}")
+        shown = "" if _missing(c["adj_ci_low"]) else (f" {c['difference']:+.{digits}f} [{c['adj_ci_low']:+.{digits}f}, "
+                                                       f"{c['adj_ci_high']:+.{digits}f}]")
+        tags[f"fedsweep.verdict.{name}"] = f"{c['verdict']}{shown}, {int(c['n_seeds'])} seeds vs {c['reference']}"
+    return metrics, tags
+
+
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: str) -> None:
+def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: str,
+                  comparisons: pd.DataFrame | None = None) -> None:
     """Replace the parent run's ``report/`` artifacts with ``out_dir``'s files, log the selected
     results as metrics and ``note`` (markdown) as its description."""
     import tempfile
@@ -69,12 +96,16 @@ def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: 
         client.log_artifacts(run_id, tmp, artifact_path="report")
     import time
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in selected_metrics(best).items()]
+    verdict_metrics, verdict_tags = verdict_entries(best, comparisons) if comparisons is not None else ({}, {})
+    metrics = [Metric(k, v, now, 0) for k, v in {**selected_metrics(best), **verdict_metrics}.items()]
     if len(note) > NOTE_LIMIT:
         note = note[:NOTE_LIMIT - 80].rsplit("\n", 1)[0] + "\n\n… (cut: the whole report is report/report.md)"
     for i in range(0, len(metrics), 1000):   # MLflow takes 1,000 metrics a call
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
-    client.log_batch(run_id, tags=[RunTag("mlflow.note.content", note), RunTag("fedsweep.reports", "report/report.md")])
+    tags = [RunTag("mlflow.note.content", note), RunTag("fedsweep.reports", "report/report.md"),
+            *(RunTag(k[:250], v) for k, v in verdict_tags.items())]
+    for i in range(0, len(tags), 100):   # MLflow takes 100 tags a call
+        client.log_batch(run_id, tags=tags[i:i + 100])
 
 
 def note_text(lines: list[str]) -> str:

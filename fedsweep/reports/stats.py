@@ -1,33 +1,45 @@
 """Uncertainty and verdicts for ``fedsweep report``: 95% intervals of means over seeds, and each method
-compared with a reference method, paired by seed.
+compared with a reference method, paired by seed, with a verdict its interval agrees with.
 
 The input is, per (setting values, method), the selected config's runs as a frame with a ``seed``
 column and one column per metric (:func:`seed_values` makes it from the rows of ``best_configs``;
-which runs those are, the tuning runs of the selected config or fresh runs of it, is the caller's
+which runs those are, the tuning runs of the selected config or its confirm runs, is the caller's
 choice: the ``runs_column`` it names).
 
-- **Intervals** (:func:`mean_ci`): the mean and its t-interval over seeds
-  (``scipy.stats.ttest_1samp(...).confidence_interval``); one seed has none (NaN).
-- **Comparisons** (:func:`compare`): only the seeds both methods ran are paired. A metric without
-  censoring (accuracy; rounds to target where every paired run reached it) gets the mean paired
-  difference, its 95% CI and p from ``scipy.stats.ttest_rel``, and, where no difference is found,
-  ``mde``: the smallest difference these seeds could have detected (two-sided α = 0.05, power 0.8:
-  (t_{1−α/2,n−1} + t_{0.8,n−1}) · sd_diff / √n). Where every paired difference is the same (rounds
-  come in steps) the t-test has no variance to use, and p is the signed-rank test's; arms equal on
-  every seed are ``identical`` (p = 1).
-- **Censoring.** A run that never reached the target (or diverged, or was stopped early) has no
-  rounds to target: it is censored, never averaged. When any paired run is censored, rounds are
-  compared with the Wilcoxon signed-rank test, a censored run counting as R + 1 rounds (R the run
-  length: later than every run that reached), which only its rank and sign use; the difference is
-  that of the medians with a paired percentile bootstrap CI, and a median that falls on a censored
-  run makes it a bound.
-- **Holm** (:func:`holm`) adjusts the p-values over every comparison of one report; the verdict is
-  ``better`` / ``worse`` at an adjusted p < 0.05 in the metric's direction, else ``no difference``
-  (``not tested`` with one paired seed). A difference whose CI lies within ±``resolution`` (rounds
-  are counted only every ``eval.every`` rounds) is never called: ``no difference``, ``below resolution``.
+- **Intervals of a mean** (:func:`mean_ci`): the mean over seeds and its t-interval
+  (``scipy.stats.ttest_1samp(...).confidence_interval``), cut to what the metric can take (accuracy
+  in [0, 1], rounds to target in [1, R]); one seed has none (NaN).
+- **One estimand and one test per metric** (:func:`compare`), on the seeds both methods ran:
+  accuracy: the mean paired difference, tested by the exact paired sign-flip permutation test of
+  its sum (all 2^n sign patterns up to 16 seeds, 20,000 fixed random ones beyond); rounds to target:
+  the Hodges–Lehmann estimate (the median of the paired differences' Walsh averages), tested by the
+  exact signed-rank test, the same sign-flip test on the differences' signed ranks. A run that never
+  reached the target (or diverged, or was stopped early) is censored: it counts as R + 1 rounds (R
+  the run length), later than every run that reached, which only its rank uses.
+- **Intervals of a difference** are the tests inverted: every shift δ the same test does not reject
+  on the differences minus δ (found by bisection from the estimate outward, starting past 0 where 0
+  is not rejected, so an interval holds 0 exactly when the test at its level does not reject). Cut
+  to what a difference can be (±1 for accuracy, ±R for rounds). With n seeds the smallest p is
+  2 / 2^n: 0.0625 at 5, so 5 seeds never reject at 0.05 and their interval is the whole range.
+- **Holm** (:func:`holm`, :func:`holm_levels`) over every comparison of one report: its step-down
+  rejects the j-th smallest p below α / (m − j + 1) while each before it was rejected. The adjusted
+  interval (``adj_ci_low``, ``adj_ci_high``) of a called comparison is at the level Holm called it,
+  of the others at the level Holm stopped at, α / (m − r) with r called; so it excludes 0 exactly
+  when the comparison is called. (Bonferroni's intervals, at α / m, cover simultaneously; these are
+  at most as wide.)
+- **Verdicts**: ``better`` / ``worse`` where the adjusted interval excludes 0 (its side: the metric's
+  direction), ``equivalent`` where it lies strictly inside ±``margin`` (two one-sided tests at half
+  its level: conservative), ``inconclusive`` otherwise, ``not tested`` with one paired seed. Rounds
+  are seen only every ``resolution`` = ``eval.every`` rounds: where that is above 1, an adjusted
+  interval strictly inside ±resolution is never called better or worse.
+- **Power** (``power_mde``): the difference these seeds would call with 80% power at α / m (the
+  strictest level Holm uses): (t_{1−α/2m, n−1} + t_{0.8, n−1}) · sd / √n from the paired differences'
+  sd (× √(π/3), the signed-rank test's efficiency, for rounds); infinite where 2 / 2^n ≥ α / m, which
+  no difference can pass. ``mde`` repeats it for inconclusive rows.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from contextlib import contextmanager
@@ -42,9 +54,14 @@ from fedsweep.reports.trials import SCORED, _col, _setting_label
 
 CONFIDENCE, ALPHA, POWER = 0.95, 0.05, 0.8
 TOLERANCE = 1e-9
+EXACT_UP_TO = 16      # seeds: every sign pattern (65,536 at 16); beyond, DRAWS fixed random ones
+DRAWS = 20_000
 COLUMNS = ["setting", "metric", "method", "reference", "n_seeds", "difference", "ci_low", "ci_high", "p_adjusted",
-           "verdict", "mde", "test", "censored_method", "censored_reference", "note"]
-PAIRED_T, RANK_TEST, IDENTICAL = "paired t", "Wilcoxon signed-rank", "identical"
+           "verdict", "mde", "test", "censored_method", "censored_reference", "note",
+           "adj_ci_low", "adj_ci_high", "margin", "power_mde", "seeds_used", "stop_reason"]
+VERDICTS = ("better", "worse", "equivalent", "inconclusive", "not tested")
+MEAN, RANK = "mean", "rank"
+TESTS = {MEAN: "sign-flip", RANK: "signed-rank"}
 
 
 class Interval(NamedTuple):
@@ -59,14 +76,30 @@ class Interval(NamedTuple):
 class Metric:
     """A compared metric: its column in the per-seed frames and which direction is better.
 
-    ``censored``: NaN means the run never got there (rounds to target), not a missing value.
-    ``horizon``: the rounds a run had (R); a censored run ranks as R + 1. ``resolution``: the finest
-    difference the metric can show (``eval.every`` for rounds)."""
+    ``censored``: NaN means the run never got there (rounds to target), not a missing value; such a
+    metric is compared by ranks (the Hodges–Lehmann estimate and the signed-rank test), any other by
+    its mean. ``horizon``: the rounds a run had (R); a censored run ranks as R + 1. ``resolution``: the
+    finest difference the metric can show (``eval.every`` for rounds). ``margin``: differences inside
+    ±margin count as none (``equivalent``; 0: never called). ``low``, ``high``: the values a run can
+    take."""
     column: str
     higher_is_better: bool
     resolution: float = 0.0
     censored: bool = False
     horizon: float | None = None
+    margin: float = 0.0
+    low: float = -math.inf
+    high: float = math.inf
+
+    @property
+    def kind(self) -> str:
+        return RANK if self.censored else MEAN
+
+    @property
+    def span(self) -> float:
+        """The largest difference two runs can show (a censored run at R + 1)."""
+        high = self.horizon + 1 if self.censored and self.horizon is not None else self.high
+        return high - self.low
 
 
 @contextmanager
@@ -77,8 +110,9 @@ def _quiet():
         yield
 
 
-def mean_ci(values, confidence: float = CONFIDENCE) -> Interval:
-    """The mean of ``values`` (NaN dropped) and its t-interval over them; NaN bounds for one value."""
+def mean_ci(values, confidence: float = CONFIDENCE, low: float = -math.inf, high: float = math.inf) -> Interval:
+    """The mean of ``values`` (NaN dropped) and its t-interval over them, cut to [``low``, ``high``],
+    what the metric can take; NaN bounds for one value."""
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
     if len(x) == 0:
@@ -87,17 +121,18 @@ def mean_ci(values, confidence: float = CONFIDENCE) -> Interval:
         bound = math.nan if len(x) == 1 else float(x[0])
         return Interval(float(x[0]), bound, bound, len(x))
     with _quiet():
-        low, high = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
-    return Interval(float(x.mean()), float(low), float(high), len(x))
+        lo, hi = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
+    return Interval(float(x.mean()), float(max(lo, low)), float(min(hi, high)), len(x))
 
 
-def mean_ci_rows(frame: pd.DataFrame, confidence: float = CONFIDENCE) -> tuple[pd.Series, pd.Series, pd.Series]:
+def mean_ci_rows(frame: pd.DataFrame, confidence: float = CONFIDENCE, low: float = -math.inf,
+                 high: float = math.inf) -> tuple[pd.Series, pd.Series, pd.Series]:
     """(mean, low, high) of each row over its non-NaN columns: :func:`mean_ci` for a whole accuracy
     curve at once (a row a round, a column a seed); NaN bounds where a row has one value."""
     n = frame.notna().sum(axis=1)
     mean = frame.mean(axis=1)
     half = stats.t.ppf(0.5 + confidence / 2, (n - 1).where(n > 1)) * frame.sem(axis=1)
-    return mean, mean - half, mean + half
+    return mean, (mean - half).clip(lower=low), (mean + half).clip(upper=high)
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
@@ -111,6 +146,131 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
     return out
 
 
+def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """(level, called) per p: Holm's step-down calls the j-th smallest p (1-based) while it is below
+    α / (m − j + 1) and every smaller one was called; a called p's level is that α / (m − j + 1), an
+    uncalled one's α / (m − r), r the number called. NaN p: NaN level, not called."""
+    p = np.asarray(pvalues, dtype=float)
+    level, called = np.full(len(p), math.nan), np.zeros(len(p), dtype=bool)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, r = len(order), 0
+    for j, i in enumerate(order):
+        if p[i] >= alpha / (m - j):
+            break
+        level[i], called[i], r = alpha / (m - j), True, r + 1
+    level[order[r:]] = alpha / (m - r) if m > r else math.nan
+    return level, called
+
+
+# -- the sign-flip tests and their intervals ----------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _signs(n: int) -> np.ndarray:
+    """Sign patterns for n pairs, the first all +1: every one of the 2^n up to EXACT_UP_TO pairs,
+    else DRAWS drawn once from a fixed seed (the same for every shift, so an interval is one test's)."""
+    if n <= EXACT_UP_TO:
+        bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+        return 1.0 - 2.0 * bits
+    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(DRAWS, n))
+    signs[0] = 1.0
+    return signs
+
+
+def smallest_p(n: int) -> float:
+    """The smallest two-sided p of a sign-flip test on n pairs (every pair on one side)."""
+    return 2.0 / 2 ** n if n <= EXACT_UP_TO else 1.0 / DRAWS
+
+
+def _flip_p(x: np.ndarray) -> float:
+    """Two-sided p of the sum of ``x`` among its sign flips: the share of patterns whose |sum| is at
+    least the observed one (the observed pattern counts itself)."""
+    if len(x) == 0:
+        return 1.0
+    observed = abs(float(x.sum())) - TOLERANCE * max(1.0, float(np.abs(x).sum()))
+    return float(np.mean(np.abs(_signs(len(x)) @ x) >= observed))
+
+
+def _statistic(d: np.ndarray, kind: str) -> np.ndarray:
+    """What is sign-flipped: the differences themselves (mean), or their signed ranks, zeros dropped."""
+    if kind == MEAN:
+        return d
+    d = d[np.abs(d) > TOLERANCE * max(1.0, float(np.abs(d).max(initial=0.0)))]
+    return np.sign(d) * stats.rankdata(np.abs(d))
+
+
+def p_value(d: np.ndarray, kind: str, shift: float = 0.0) -> float:
+    """p of the hypothesis that the paired differences ``d`` are centred on ``shift``."""
+    return _flip_p(_statistic(np.asarray(d, dtype=float) - shift, kind))
+
+
+def estimate(d: np.ndarray, kind: str) -> float:
+    """The mean, or the Hodges–Lehmann estimate: the median of the Walsh averages (d_i + d_j) / 2, i ≤ j."""
+    if kind == MEAN:
+        return float(np.mean(d))
+    i, j = np.triu_indices(len(d))
+    return float(np.median((d[i] + d[j]) / 2))
+
+
+def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
+             centre: float | None = None) -> tuple[float, float]:
+    """The shifts the test does not reject at ``level`` (p ≥ level), cut to ±``bound``: each end found
+    by bisection between an accepted shift and a rejected one, the accepted one being 0 where 0 is
+    accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it."""
+    d = np.asarray(d, dtype=float)
+    centre = estimate(d, kind) if centre is None else centre
+    zero_ok = p_value(d, kind) >= level
+    scale = max(float(np.ptp(d)), abs(centre), TOLERANCE)
+
+    def end(sign: float) -> float:
+        accepted = 0.0 if zero_ok and sign * (0.0 - centre) > 0 else centre
+        step = scale
+        rejected = accepted + sign * step
+        while p_value(d, kind, rejected) >= level:
+            if abs(rejected) >= bound:
+                return sign * bound
+            accepted, step = rejected, 2 * step
+            rejected = accepted + sign * step
+        for _ in range(100):
+            if abs(rejected - accepted) <= 1e-9 * scale:
+                break
+            mid = (accepted + rejected) / 2
+            if p_value(d, kind, mid) >= level:
+                accepted = mid
+            else:
+                rejected = mid
+        accepted = _snap(float(np.clip(accepted, -bound, bound)), scale)
+        return 0.0 if zero_ok and abs(accepted) < 10 * TOLERANCE else accepted   # a tie with 0, as the test sees it
+
+    return end(-1.0), end(1.0)
+
+
+def _snap(x: float, scale: float) -> float:
+    """``x`` rounded to 1e-7 of ``scale`` (a bisection ends within 1e-9 of it: 0.99999997 reads 1), on
+    the same side of 0 as before (an end beside 0 says whether the interval holds it)."""
+    q = 10.0 ** math.floor(math.log10(scale * 1e-7))
+    snapped = round(x / q) * q
+    return snapped if (snapped > 0) == (x > 0) and (snapped < 0) == (x < 0) else x
+
+
+def power_mde(d: np.ndarray, kind: str, level: float, resolution: float = 0.0) -> float:
+    """The difference n paired seeds with differences like ``d`` call with 80% power at ``level``
+    (two-sided): the t-test's (t_{1−level/2, n−1} + t_{0.8, n−1}) · sd / √n, × √(π/3) for the signed-rank
+    test; at least ``resolution``; infinite where the sign-flip test cannot reach ``level`` at all."""
+    n = len(d)
+    if n < 2:
+        return math.nan
+    if smallest_p(n) >= level:
+        return math.inf
+    with _quiet():
+        mde = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * float(np.std(d, ddof=1)) / math.sqrt(n)
+    if kind == RANK:
+        mde *= math.sqrt(math.pi / 3)
+    return float(max(mde, resolution))
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+
 def _paired(method: pd.DataFrame, reference: pd.DataFrame, metric: Metric) -> pd.DataFrame:
     """The two arms' values side by side (columns ``m``, ``r``) on the seeds both have."""
     pairs = pd.merge(method[["seed", metric.column]], reference[["seed", metric.column]], on="seed",
@@ -118,112 +278,76 @@ def _paired(method: pd.DataFrame, reference: pd.DataFrame, metric: Metric) -> pd
     return pairs if metric.censored else pairs.dropna(subset=["m", "r"])
 
 
-def _no_test(n: int) -> dict:
-    return {"n_seeds": n, "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "mde": math.nan,
-            "test": "none", "note": f"{n} paired seed{'s' if n != 1 else ''}: no test"}
-
-
 def _constant(x: np.ndarray) -> bool:
     """All values equal, up to float rounding (accuracies are multiples of 1/test size, far above it)."""
     return len(x) > 0 and float(np.ptp(x)) < TOLERANCE
 
 
-def _too_few_for_ranks(d: np.ndarray) -> str:
-    """Why a rank test could not find a difference: its smallest two-sided p, every pair on one side,
-    is 2 / 2^n, not below 0.05 for n ≤ 5 unequal pairs."""
-    unequal = int(np.count_nonzero(np.abs(d) >= TOLERANCE))
-    smallest = 2.0 / 2 ** unequal
-    pairs = f"{unequal} unequal pair{'s' if unequal != 1 else ''}"
-    return f"with {pairs} the rank test's smallest p is {smallest:.3g}" if smallest >= ALPHA else ""
-
-
-def _equal_differences(m: np.ndarray, r: np.ndarray) -> dict:
-    """Every paired difference the same (identical arms; rounds, counted in steps of ``eval.every``):
-    the t-test has no variance to work with (0/0, or t = ±∞ and p = 0 from two seeds), so p is the
-    signed-rank test's, which needs none: 2 / 2^n for n pairs on one side. Arms equal on every seed
-    need no test: p = 1 (counted in Holm's family, which only makes it stricter)."""
-    d = float(np.mean(m - r))
-    if abs(d) < TOLERANCE:
-        return {"n_seeds": len(m), "difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "p": 1.0, "mde": math.nan,
-                "test": IDENTICAL, "note": "the same on every seed"}
-    with _quiet():
-        p = float(stats.wilcoxon(m, r).pvalue)
-    notes = [f"every paired difference is {d:+.4g}", _too_few_for_ranks(m - r)]
-    return {"n_seeds": len(m), "difference": d, "ci_low": d, "ci_high": d, "p": p, "mde": math.nan,
-            "test": RANK_TEST, "note": "; ".join(x for x in notes if x)}
-
-
-def _t_test(m: np.ndarray, r: np.ndarray) -> dict:
-    """Mean paired difference, its CI and p (``ttest_rel``), and the mde of these seeds."""
-    n, d = len(m), m - r
-    if n < 2:
-        return {**_no_test(n), "difference": float(d.mean()) if n else math.nan}
-    if _constant(d):
-        return _equal_differences(m, r)
-    with _quiet():
-        result = stats.ttest_rel(m, r)
-        low, high = result.confidence_interval(CONFIDENCE)
-    mde = (stats.t.ppf(1 - ALPHA / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * d.std(ddof=1) / math.sqrt(n)
-    return {"n_seeds": n, "difference": float(d.mean()), "ci_low": float(low), "ci_high": float(high),
-            "p": float(result.pvalue), "mde": float(mde), "test": PAIRED_T, "note": ""}
-
-
-def _median_difference(m, r, axis=-1):
-    return np.median(m, axis=axis) - np.median(r, axis=axis)
-
-
-def _rank_test(m: np.ndarray, r: np.ndarray, horizon: float | None) -> dict:
-    """Rounds with censored runs (NaN): the Wilcoxon signed-rank test on the paired rounds, a censored
-    run at R + 1 (later than every run that reached); the difference of the medians, paired bootstrap CI."""
-    n = len(m)
-    late = (horizon if horizon is not None else np.nanmax([*m, *r, 0.0])) + 1
-    mm, rr = np.where(np.isnan(m), late, m), np.where(np.isnan(r), late, r)
-    difference = float(_median_difference(mm, rr))
-    if n < 2:
-        return {**_no_test(n), "difference": difference}
-    notes = []
-    if 2 * np.isnan(m).sum() >= n or 2 * np.isnan(r).sum() >= n:
-        notes.append("a median is censored: the difference is a bound")
-    if not (mm - rr).any():           # every pair equal: both censored, or the same round
-        return {"n_seeds": n, "difference": 0.0, "ci_low": 0.0, "ci_high": 0.0, "p": 1.0, "mde": math.nan,
-                "test": IDENTICAL, "note": "; ".join([*notes, "the same on every seed"])}
-    with _quiet():
-        p = float(stats.wilcoxon(mm, rr).pvalue)
-        low, high = stats.bootstrap((mm, rr), _median_difference, paired=True, vectorized=True, method="percentile",
-                                    confidence_level=CONFIDENCE, rng=np.random.default_rng(0)).confidence_interval
-    notes.append(_too_few_for_ranks(mm - rr))
-    return {"n_seeds": n, "difference": difference, "ci_low": float(low), "ci_high": float(high), "p": p,
-            "mde": math.nan, "test": RANK_TEST, "note": "; ".join(x for x in notes if x)}
+def differences(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric) -> tuple[np.ndarray, int, int]:
+    """(paired differences method − reference, censored runs of the method, of the reference); a
+    censored run at R + 1 (R: ``metric.horizon``, else one past the latest run seen)."""
+    pairs = _paired(method_values, reference_values, metric)
+    m, r = pairs["m"].to_numpy(float), pairs["r"].to_numpy(float)
+    if not metric.censored:
+        return m - r, 0, 0
+    late = (metric.horizon if metric.horizon is not None else np.nanmax([*m, *r, 0.0])) + 1
+    return np.where(np.isnan(m), late, m) - np.where(np.isnan(r), late, r), int(np.isnan(m).sum()), int(np.isnan(r).sum())
 
 
 def compare(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric) -> dict:
     """One method against the reference on one metric, paired by seed: ``n_seeds, difference,
-    ci_low, ci_high, p`` (unadjusted), ``mde, test, censored_method, censored_reference, note``.
-    The verdict needs every comparison's p: :func:`comparison_table` adds it."""
-    pairs = _paired(method_values, reference_values, metric)
-    m, r = pairs["m"].to_numpy(float), pairs["r"].to_numpy(float)
-    censored = metric.censored and bool(np.isnan(m).any() or np.isnan(r).any())
-    row = _rank_test(m, r, metric.horizon) if censored else _t_test(m, r)
-    count = (lambda x: int(np.isnan(x).sum())) if metric.censored else (lambda x: 0)
-    return {**row, "censored_method": count(m), "censored_reference": count(r)}
+    ci_low, ci_high, p`` (unadjusted), ``test, censored_method, censored_reference, note`` and the
+    paired differences ``d``. The adjusted interval and the verdict need every comparison's p:
+    :func:`comparison_table` adds them."""
+    d, cm, cr = differences(method_values, reference_values, metric)
+    n, kind = len(d), metric.kind
+    exact = "exact" if n <= EXACT_UP_TO else f"{DRAWS:,} random sign patterns"
+    row = {"n_seeds": n, "censored_method": cm, "censored_reference": cr, "d": d,
+           "test": f"{TESTS[kind]} ({exact})", "note": ""}
+    if n < 2:
+        return {**row, "difference": estimate(d, kind) if n else math.nan, "ci_low": math.nan, "ci_high": math.nan,
+                "p": math.nan, "test": "none", "note": f"{n} paired seed{'s' if n != 1 else ''}: no test"}
+    notes = []
+    if cm or cr:
+        notes.append("censored runs count as later than every run that reached: the estimate is a bound")
+    if _constant(d):
+        notes.append("the same on every seed" if abs(d[0]) < TOLERANCE else f"every paired difference is {d[0]:+.4g}")
+    centre = estimate(d, kind)
+    low, high = interval(d, kind, ALPHA, metric.span, centre)
+    return {**row, "difference": centre, "ci_low": low, "ci_high": high, "p": p_value(d, kind),
+            "note": "; ".join(notes)}
 
 
-def verdict(row: dict, p_adjusted: float, metric: Metric) -> tuple[str, str]:
-    """(verdict, note) of a compared row at its Holm-adjusted p."""
+def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, float]:
+    """(verdict, note, adjusted low, adjusted high) of a compared row tested at ``level``."""
     note = row["note"]
-    if math.isnan(p_adjusted):
-        return "not tested", note
-    if metric.resolution > 0 and -metric.resolution <= row["ci_low"] and row["ci_high"] <= metric.resolution:
-        return "no difference", "; ".join(x for x in (note, f"below resolution (±{metric.resolution:g})") if x)
-    if p_adjusted >= ALPHA or row["difference"] == 0:
-        return "no difference", note
-    return ("better" if (row["difference"] > 0) == metric.higher_is_better else "worse"), note
+    if row["n_seeds"] < 2 or math.isnan(level):
+        return "not tested", note, math.nan, math.nan
+    d = row["d"]
+    low, high = interval(d, metric.kind, level, metric.span, row["difference"])
+    notes = [note] if note else []
+    if smallest_p(len(d)) >= level:
+        notes.append(f"{len(d)} seeds cannot reach the adjusted level {level:.3g} (their smallest p is "
+                     f"{smallest_p(len(d)):.3g})")
+    below = metric.resolution > 1 and -metric.resolution < low and high < metric.resolution
+    inside = metric.margin > 0 and -metric.margin < low and high < metric.margin
+    if (low > 0 or high < 0) and not below:
+        called = "better" if (low > 0) == metric.higher_is_better else "worse"
+        if inside:
+            notes.append(f"inside the margin ±{metric.margin:g}")
+    elif inside:
+        called = "equivalent"
+    else:
+        called = "inconclusive"
+        if below and (low > 0 or high < 0):
+            notes.append(f"below resolution (±{metric.resolution:g}: rounds are seen every {metric.resolution:g})")
+    return called, "; ".join(notes), low, high
 
 
 def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str | None,
-                     metrics: dict[str, Metric]) -> pd.DataFrame:
+                     metrics: dict[str, Metric], stop_reason: str = "fixed seeds") -> pd.DataFrame:
     """comparisons.csv: a row per (setting, metric, method other than ``reference``), ``values``
-    holding each (setting label, method)'s per-seed frame; p adjusted by Holm over all the rows."""
+    holding each (setting label, method)'s per-seed frame; Holm over all the rows."""
     rows, specs = [], []
     for setting in dict.fromkeys(s for s, _ in values):       # in the order of ``best``
         ref = values.get((setting, reference))
@@ -233,11 +357,20 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
                     rows.append({"setting": setting, "metric": name, "method": method, "reference": reference,
                                  **compare(frame, ref, metric)})
                     specs.append(metric)
-    table = pd.DataFrame(rows, columns=[*COLUMNS, "p"])
+    table = pd.DataFrame(rows, columns=[*COLUMNS, "p", "d"])
     table["p_adjusted"] = holm(table["p"])
-    called = [verdict(row, p, metric) for row, p, metric in zip(rows, table["p_adjusted"], specs)]
-    table["verdict"], table["note"] = [v for v, _ in called], [n for _, n in called]
-    table["mde"] = table["mde"].where(table["verdict"] == "no difference")
+    levels, _ = holm_levels(table["p"])
+    called = [verdict(row, level, metric) for row, level, metric in zip(rows, levels, specs)]
+    table["verdict"] = [c[0] for c in called]
+    table["note"] = [c[1] for c in called]
+    table["adj_ci_low"], table["adj_ci_high"] = [c[2] for c in called], [c[3] for c in called]
+    m = int(table["p"].notna().sum())
+    table["power_mde"] = [power_mde(row["d"], metric.kind, ALPHA / max(m, 1), metric.resolution)
+                          for row, metric in zip(rows, specs)]
+    table["mde"] = table["power_mde"].where(table["verdict"] == "inconclusive")
+    table["margin"] = [metric.margin for metric in specs]
+    table["seeds_used"] = table["n_seeds"]
+    table["stop_reason"] = stop_reason
     return table[COLUMNS]
 
 
@@ -264,12 +397,13 @@ def seed_values(best: pd.DataFrame, trials: pd.DataFrame, columns: Sequence[str]
 
 
 def add_intervals(best: pd.DataFrame, values: dict[tuple[str, str], pd.DataFrame],
-                  columns: dict[str, str]) -> pd.DataFrame:
-    """``best`` with a column ``<name>_ci`` (an :class:`Interval`) per ``{name: metric column}``, over the
-    same per-seed values the comparisons use (rounds to target: over the seeds that reached it)."""
+                  columns: dict[str, tuple[str, float, float]]) -> pd.DataFrame:
+    """``best`` with a column ``<name>_ci`` (an :class:`Interval`) per ``{name: (metric column, low,
+    high)}``, over the same per-seed values the comparisons use (rounds to target: over the seeds that
+    reached it), cut to [low, high]."""
     out = best.copy()
     keys = [_key(r, best.attrs["settings"]) for _, r in best.iterrows()]
-    for name, column in columns.items():
-        out[f"{name}_ci"] = [mean_ci(values[k][column]) for k in keys]
+    for name, (column, low, high) in columns.items():
+        out[f"{name}_ci"] = [mean_ci(values[k][column], low=low, high=high) for k in keys]
     out.attrs.update(best.attrs)
     return out

@@ -77,20 +77,27 @@ def _signed(v, digits: int) -> str:
     return f"{v:+.{digits}f}" if _present(v) else "—"
 
 
+def _interval(low, high, digits: int) -> str:
+    return f"[{_signed(low, digits)}, {_signed(high, digits)}]" if _present(low) else "—"
+
+
 def _comparisons_table(table: pd.DataFrame) -> str:
-    """The verdict table of comparisons.csv: difference [95% CI], Holm-adjusted p, verdict, how it was tested."""
+    """The verdict table of comparisons.csv: difference [95% CI], the adjusted CI, Holm-adjusted p,
+    verdict, the power of these seeds, how it was tested."""
     rows = []
     for _, r in table.iterrows():
         digits = 1 if r["metric"] == "rounds_to_target" else 4
-        ci = f" [{_signed(r['ci_low'], digits)}, {_signed(r['ci_high'], digits)}]" if _present(r["ci_low"]) else ""
-        notes = [n for n in (r["note"], f"mde {r['mde']:.{digits}f}" if _present(r["mde"]) else "") if n]
+        ci = f" {_interval(r['ci_low'], r['ci_high'], digits)}" if _present(r["ci_low"]) else ""
+        power = r["power_mde"]
+        power = "—" if not _present(power) else "∞" if math.isinf(power) else f"±{power:.{digits}f}"
         censored = (f"{r['censored_method']} / {r['censored_reference']}" if r["metric"] == "rounds_to_target"
                     else "")
         rows.append([r["setting"], r["metric"], r["method"], str(r["n_seeds"]), _signed(r["difference"], digits) + ci,
-                     "—" if math.isnan(r["p_adjusted"]) else f"{r['p_adjusted']:.3g}", r["verdict"], r["test"],
-                     censored, "; ".join(notes)])
-    return _markdown(["setting", "metric", "method", "paired seeds", "difference [95% CI]", "p (Holm)", "verdict",
-                      "test", "censored (method / ref.)", "note"], rows)
+                     _interval(r["adj_ci_low"], r["adj_ci_high"], digits),
+                     "—" if math.isnan(r["p_adjusted"]) else f"{r['p_adjusted']:.3g}", r["verdict"], power,
+                     r["test"], censored, r["note"]])
+    return _markdown(["setting", "metric", "method", "paired seeds", "difference [95% CI]", "adjusted CI", "p (Holm)",
+                      "verdict", "80% power at", "test", "censored (method / ref.)", "note"], rows)
 
 
 def _all_table(configs: pd.DataFrame) -> str:

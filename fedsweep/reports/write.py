@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -19,16 +20,24 @@ from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED
                                     best_configs, config_table, load_trials, relative_targets)
 
 
-def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float | None) -> dict[str, Metric]:
+#: Default equivalence margins (``report.margin``): a difference inside ±margin counts as none.
+MARGINS = {"accuracy": 0.01, "rounds": 2.0}
+
+
+def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float | None,
+                     margin: dict[str, float] | None = None) -> dict[str, Metric]:
     """What comparisons.csv compares: rounds to target when a target is set (censored where a run never
     reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by (with a
-    validation split, ``split``, each run's test accuracy at its best validation round)."""
+    validation split, ``split``, each run's test accuracy at its best validation round); each with its
+    equivalence margin (``margin``: ``accuracy``, ``rounds``; :data:`MARGINS` for what it leaves out)."""
+    margin = {**MARGINS, **(margin or {})}
     score = SCORE_COLUMNS[split][0]
     metrics = {}
     if rule == "target":
         metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
-                                             censored=True, horizon=max_rounds)
-    metrics[score] = Metric(score, higher_is_better=True)
+                                             censored=True, horizon=max_rounds, margin=margin["rounds"], low=1.0,
+                                             high=max_rounds if max_rounds is not None else math.inf)
+    metrics[score] = Metric(score, higher_is_better=True, margin=margin["accuracy"], low=0.0, high=1.0)
     return metrics
 
 
@@ -38,21 +47,24 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
         return ["## Comparisons", "", "No reference method, so no verdicts: set `report.reference` (default "
                 "`fedavg` where the sweep has it).", ""]
     tested = int(comparisons["p_adjusted"].notna().sum())
+    margins = ", ".join(f"{m} ±{g:g}" for m, g in comparisons.groupby("metric")["margin"].first().items())
     how = (
         f"Each method's selected config against {reference}'s under the same setting, on the seeds both ran "
-        f"(paired by seed); `difference` is the method's minus {reference}'s. Accuracy, and rounds to target "
-        "where every paired run reached the target: the mean paired difference, its 95% t-interval and p of "
-        "the paired t-test. Rounds to target where a paired run never reached it (censored: it counts as "
-        "later than every run that did, and is never averaged): the difference of the medians with a paired "
-        "bootstrap 95% CI and p of the Wilcoxon signed-rank test; `censored` counts such runs of the method "
-        f"and of {reference}. Where every paired difference is the same (identical arms; rounds, counted in "
-        "steps) the t-test has no variance to use: p is the signed-rank test's. p is Holm-adjusted over the "
-        f"{tested} tested comparisons of this report. `better`/`worse`: adjusted p < 0.05, in the metric's "
-        "direction (higher accuracy, fewer rounds); otherwise `no difference`, and also where the CI lies "
-        f"within ±{resolution:g} rounds (`below resolution`: rounds to target are only seen every "
-        "`eval.every` rounds). For `no difference`, `mde` (paired t) is the smallest difference these seeds "
-        "could have detected (two-sided α = 0.05, power 0.8): a smaller one may still be there. `not tested`: "
-        "fewer than two paired seeds. `comparisons.csv` holds every column.")
+        f"(paired by seed); `difference` is the method's minus {reference}'s. Accuracy: the mean paired "
+        "difference and the exact paired sign-flip permutation test. Rounds to target: the Hodges–Lehmann "
+        "estimate (median of the differences' Walsh averages) and the exact signed-rank test; a run that never "
+        "reached the target is censored and counts as later than every run that did (`censored`: such runs of "
+        f"the method / of {reference}). Each interval is its test inverted, so it holds 0 exactly when its test "
+        "does not reject; with n seeds no test goes below p = 2 / 2^n (0.0625 at 5 seeds, whose intervals are "
+        f"then the whole range). `p (Holm)`: adjusted over the {tested} tested comparisons of this report; "
+        "`adjusted CI`: at the level Holm's step-down tested the comparison, so a verdict never contradicts it. "
+        "`better`/`worse`: the adjusted CI excludes 0, on the metric's good or bad side (higher accuracy, fewer "
+        f"rounds); `equivalent`: it lies inside the margin ({margins}); `inconclusive`: neither, the seeds "
+        "cannot tell (not evidence of no difference); `not tested`: fewer than two paired seeds."
+        + (f" Rounds are seen every {resolution:g} rounds: an adjusted CI inside ±{resolution:g} is never called "
+           "better or worse (`below resolution`)." if resolution > 1 else "")
+        + " `80% power at`: the difference these seeds would call with 80% power after adjustment (at α/m; "
+        "∞: these seeds cannot reach that level). `comparisons.csv` holds every column.")
     return [f"## Comparisons with {reference}", "", how, "",
             _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", ""]
 
@@ -88,7 +100,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True,
-                quiet: bool = False) -> ReportResult:
+                quiet: bool = False, margin: dict[str, float] | None = None) -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
@@ -137,13 +149,15 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
     reference = reference if reference in set(best["method"]) else None
     resolution = resolution or 1.0
-    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds)
-    shown = ["best/test_accuracy", "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
+    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin)
+    shown = [SCORE_COLUMNS[configs.attrs["selected_on"]][0], "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
     # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
     # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
     values = seed_values(best, trials, list(dict.fromkeys([*(m.column for m in metrics.values()), *shown])))
-    best = add_intervals(best, values, {"acc": "best/test_accuracy", "final": "summary/final_test_accuracy",
-                                        "rtt": "rounds_to_target"})
+    score = SCORE_COLUMNS[configs.attrs["selected_on"]][0]   # what selection did not look at
+    top = max_rounds if max_rounds is not None else math.inf
+    best = add_intervals(best, values, {"acc": (score, 0.0, 1.0), "final": ("summary/final_test_accuracy", 0.0, 1.0),
+                                        "rtt": ("rounds_to_target", 1.0, top)})
     comparisons = comparison_table(values, reference, metrics)
 
     accuracy_curves_png(best, runs, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
@@ -252,12 +266,12 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     path = out / "report.md"
     path.write_text("\n".join(lines))
     if to_parent:
-        _log_to_parent(runs.client, trials, out, best, lines, quiet)
+        _log_to_parent(runs.client, trials, out, best, lines, quiet, comparisons)
     return ReportResult(path, trials, configs, best, comparisons)
 
 
 def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str],
-                   quiet: bool = False) -> None:
+                   quiet: bool = False, comparisons: pd.DataFrame | None = None) -> None:
     import sys
 
     from mlflow.exceptions import MlflowException
@@ -267,10 +281,10 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
     if run_id is None:
         return
     try:
-        log_to_parent(client, run_id, out, best, note_text(lines))
+        log_to_parent(client, run_id, out, best, note_text(lines), comparisons)
         if not quiet:
             print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and "
-                  f"artifacts (report/), each method's selected result as its metrics")
+                  f"artifacts (report/), each method's selected result and verdict as its metrics and tags")
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         print(f"report: written to {out}, but not onto the sweep's MLflow parent run {run_id} ({first})", file=sys.stderr)

@@ -35,15 +35,18 @@ class Progress:
             self.next = now + PROGRESS_EVERY_S
 
 
-def rank_test_note(seeds: int) -> str:
-    """What ``seeds`` confirm seeds cannot show: a rounds-to-target comparison with a run that never
-    reached the target is judged by the signed-rank test, whose smallest two-sided p with n pairs is
-    2 / 2^n (before Holm's adjustment multiplies it by up to the report's number of comparisons)."""
-    if 2.0 / 2 ** seeds < 0.05:
+def seeds_note(seeds: int, comparisons: int) -> str:
+    """What ``seeds`` confirm seeds cannot show: the report's exact tests (sign-flip, signed-rank) have
+    no p below 2 / 2^n with n paired seeds, and Holm's first level over ``comparisons`` is 0.05 / m."""
+    from fedsweep.reports.stats import ALPHA, smallest_p
+    m = max(1, comparisons)
+    if smallest_p(seeds) < ALPHA / m:
         return ""
-    return (f"with {seeds} confirm seeds, a comparison of rounds to target in which some run never reaches the "
-            f"target (judged by the signed-rank test) cannot be called: its smallest p is {2.0 / 2 ** seeds:.3g}, "
-            f"not below 0.05 (6 seeds: 0.031, 8: 0.0078, before Holm's adjustment); accuracy is compared all the same")
+    fewest = next(n for n in range(2, 64) if smallest_p(n) < ALPHA / m)
+    return (f"with {seeds} confirm seeds no comparison can be called better, worse or equivalent: the exact tests' "
+            f"smallest p with {seeds} paired seeds is {smallest_p(seeds):.3g}, not below Holm's first level over "
+            f"the report's {m} comparison{'s' if m != 1 else ''}, 0.05/{m} = {ALPHA / m:.3g}; {fewest} seeds are the "
+            "fewest that can call one (`confirm.seeds`)")
 
 
 def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
@@ -76,7 +79,11 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
         print(f"then a confirm stage: {len(groups) * len(sweep.confirm.seeds):,} trials, the selected config of each "
               f"of {len(groups)} (method, setting) pairs on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
               file=out)
-        note = rank_test_note(len(sweep.confirm.seeds))
+        from fedsweep.sweep.checks import reference_method
+        reference = reference_method(sweep, first_of_method)
+        compared = sum(method != reference for method, _ in groups) if reference is not None else 0
+        target = methods[0].config.eval.target_accuracy is not None or sweep.report.relative_target is not None
+        note = seeds_note(len(sweep.confirm.seeds), compared * (2 if target else 1)) if compared else ""
         if note:
             print(f"note: {note}", file=out)
     if any(t.sampled for t in methods):

@@ -63,6 +63,13 @@ class SweepMlflowConfig(_Strict):
     experiment: str | None = Field(None, description="Experiment name (default: the sweep's name).")
 
 
+class MarginConfig(_Strict):
+    accuracy: float = Field(0.01, ge=0, le=1, description="Accuracy differences inside ±this are none (0.01: one "
+                            "point); 0: `equivalent` never called.")
+    rounds: float = Field(2.0, ge=0, description="Rounds-to-target differences inside ±this many rounds are none; "
+                          "0: `equivalent` never called.")
+
+
 class ReportConfig(_Strict):
     settings: list[str] = Field(
         ["heterogeneity.rho"], description="Config keys under which methods are compared rather than tuned: "
@@ -75,6 +82,9 @@ class ReportConfig(_Strict):
     relative_target: float | None = Field(
         None, gt=0, le=1, description="Count rounds to this fraction of the reference method's final accuracy "
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
+    margin: MarginConfig = Field(
+        default_factory=lambda: MarginConfig(), description="Equivalence margins: a comparison whose adjusted "
+        "interval lies inside ±margin reads `equivalent` (docs/sweeps.md, Intervals and verdicts).")
 
 
 class ConfirmConfig(_Strict):
@@ -134,7 +144,8 @@ class SweepConfig(_Strict):
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "allowed: 1-100 letters, digits, '.', '_' and '-', starting with a letter or digit"
 
-register_models(SweepConfig, ConfirmConfig, SearchConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig)
+register_models(SweepConfig, ConfirmConfig, SearchConfig, SchedulerConfig, ResourcesConfig, SweepMlflowConfig, ReportConfig,
+                MarginConfig)
 
 
 @dataclass
