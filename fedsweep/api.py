@@ -344,6 +344,7 @@ def sweep_report(sweep: str | os.PathLike | dict, out_dir: str | os.PathLike | N
 
     from fedsweep.reports.write import make_report
     from fedsweep.sweep.checks import check_report, reference_method
+    from fedsweep.sweep.confirm import looks, seed_order
     from fedsweep.sweep.search import sampled_keys
     from fedsweep.sweep.spec import expand, load_sweep, sweep_source
     sweep = plain(sweep)
@@ -361,6 +362,7 @@ def sweep_report(sweep: str | os.PathLike | dict, out_dir: str | os.PathLike | N
                            relative_target=spec.report.relative_target, sampled_keys=sampled_keys(spec),
                            resolution=max(t.config.eval.every for t in trials),   # rounds are seen this often
                            margin=spec.report.margin.model_dump(),
+                           looks=looks(spec), order=seed_order(spec) if spec.confirm is not None else None,
                            random_first=spec.search.startup() if spec.search and spec.search.searcher == "optuna"
                            else None, quiet=quiet)
     except OSError as e:

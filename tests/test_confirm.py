@@ -1,6 +1,7 @@
 """The confirm stage (`confirm: {seeds: [...]}`): each method's selected config per setting is run again
 on fresh seeds once the tuning trials have ended; the report scores methods on those runs only;
 `--dry-run` counts them and `--resume` continues across the stage. A real Ray Tune run and MLflow store."""
+import csv
 import os
 import signal
 import subprocess
@@ -59,7 +60,7 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
     # 2 seeds: no p below 2 / 2^2 = 0.5; Holm over fedprox vs fedavg at 2 settings on 2 metrics starts at 0.05/4
     assert "note: with 2 confirm seeds no comparison can be called better, worse or equivalent: the exact tests' " \
            "smallest p with 2 paired seeds is 0.5, not below Holm's first level over the report's 4 comparisons, " \
-           "0.05/4 = 0.0125; 8 seeds are the fewest that can call one (`confirm.seeds`)" in out
+           "0.05/4 = 0.0125; 8 seeds are the fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)" in out
     assert main(["tune", write(tmp_path, confirm={"seeds": list(range(10, 18))}), "--dry-run"]) == 0
     assert "note:" not in capsys.readouterr().out
 
@@ -109,6 +110,52 @@ def test_the_selected_configs_are_confirmed_on_fresh_seeds_and_scored_on_them(tm
     assert "every number of a best config comes from its confirm runs (fresh seeds)" in text
     table = text.split("## Best config per method")[1].split("\n\n")[1]
     assert all(line.split(" | ")[3] == "2" for line in table.splitlines()[2:])   # 2 seeds each: the confirm ones
+
+
+def test_seeds_are_added_until_answered_clear_differences_stop_early(tmp_path, monkeypatch, capsys):
+    """`confirm: {seeds: 8, max_seeds: 12, step: 4}`: FedProx pinned to the server's model (it
+    diverges) is `worse` at the first look and runs no more seeds; FedCM with α = 1 (FedAvg's very
+    updates, never `equivalent` with margin 0) stays inconclusive, and it and FedAvg, its reference,
+    get the next four seeds: the budget goes to the question still open."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    spec = {"name": "seq",
+            "base": {"rounds": 12, "clients_per_round": 4, "device": "cpu",
+                     "model": {"name": "mlp", "options": {"hidden": 16}},
+                     "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
+                              "validation_fraction": 0.1},
+                     "local": {"steps": 2, "batch_size": 10, "lr": 0.1}, "eval": {"every": 3}},
+            "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
+            "seeds": [0], "confirm": {"seeds": list(range(10, 18)), "max_seeds": 12, "step": 4},
+            "report": {"settings": [], "margin": {"accuracy": 0, "rounds": 0}}, "pack": "seeds"}
+    path = tmp_path / "seq.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["tune", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "and where a comparison is not answered, 4 seeds more at a time for its two configs, at most 1 times " \
+           "(seeds 18, 19, 20, 21): at most 36 confirm trials; looks after 8, 12 seeds, each at its share of " \
+           "α = 0.05 (0.0333, 0.0167)" in out
+    assert main(["tune", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "then 24 confirm trials (up to 36 as seeds are added until answered)" in err
+    assert "[sweep] confirm look 2 of 2: 1 comparison not answered after 8 seeds; 8 trials, 2 configs on seeds " \
+           "18, 19, 20, 21" in err
+    client, children = runs(uri, "seq")
+    seeds = {}
+    for r in children:
+        if r.data.tags.get("fedsweep.stage") == "confirm":
+            seeds.setdefault(r.data.params["algorithm.name"], []).append(int(r.data.params["seed"]))
+    assert {m: sorted(v) for m, v in seeds.items()} == {"fedprox": list(range(10, 18)), "fedavg": list(range(10, 22)),
+                                                        "fedcm": list(range(10, 22))}
+    assert main(["report", str(path)]) == 0
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "reports" / "seq" / "comparisons.csv"))}
+    assert (rows["fedprox"]["verdict"], rows["fedprox"]["seeds_used"], rows["fedprox"]["stop_reason"]) == \
+        ("worse", "8", "answered")
+    assert (rows["fedcm"]["verdict"], rows["fedcm"]["seeds_used"], rows["fedcm"]["stop_reason"]) == \
+        ("inconclusive", "12", "max_seeds reached")
+    text = (tmp_path / "reports" / "seq" / "report.md").read_text()
+    assert "| fedprox | 8 (answered) |" in text and "| fedcm | 12 (max_seeds reached) |" in text
 
 
 @pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm"])

@@ -445,7 +445,7 @@ def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_pat
 
     section = text.split("## Comparisons with fedavg")[1].split("\n## ")[0]
     assert "paired by seed" in section and "adjusted over the 8 tested comparisons" in section
-    assert "| heterogeneity.rho=0.1 | rounds_to_target | fedlga | 10 | -11.0 [" in section
+    assert "| heterogeneity.rho=0.1 | rounds_to_target | fedlga | 10 (fixed seeds) | -11.0 [" in section
     assert (f"| {never.p_adjusted:.3g} | worse | ±{never.power_mde:.1f} | signed-rank (exact) | 9 / 0 | "
             "censored runs count") in section
     # the best-config table: every mean with its 95% t-interval over the ten seeds

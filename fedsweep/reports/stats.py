@@ -135,32 +135,44 @@ def mean_ci_rows(frame: pd.DataFrame, confidence: float = CONFIDENCE, low: float
     return mean, (mean - half).clip(lower=low), (mean + half).clip(upper=high)
 
 
-def holm(pvalues: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjustment; NaN p-values (no test) stay NaN and do not count in the family."""
+def holm(pvalues: Sequence[float], family: int | None = None, called_before: int = 0) -> np.ndarray:
+    """Holm's step-down adjustment; NaN p-values (no test) stay NaN and do not count in the family.
+    ``family``: the comparisons Holm runs over (default: the p-values given), ``called_before`` of
+    which were called at an earlier look and take its first steps."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full(len(p), math.nan)
     tested = np.flatnonzero(~np.isnan(p))
     order = tested[np.argsort(p[tested], kind="stable")]
-    m = len(order)
-    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    m = (len(order) if family is None else family) - called_before
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(len(order))) * p[order]))
     return out
 
 
-def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA, family: int | None = None,
+                called_before: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(level, called) per p: Holm's step-down calls the j-th smallest p (1-based) while it is below
     α / (m − j + 1) and every smaller one was called; a called p's level is that α / (m − j + 1), an
-    uncalled one's α / (m − r), r the number called. NaN p: NaN level, not called."""
+    uncalled one's α / (m − r), r the number called. NaN p: NaN level, not called. ``family``,
+    ``called_before``: as for :func:`holm` (m = family − called_before)."""
     p = np.asarray(pvalues, dtype=float)
     level, called = np.full(len(p), math.nan), np.zeros(len(p), dtype=bool)
     tested = np.flatnonzero(~np.isnan(p))
     order = tested[np.argsort(p[tested], kind="stable")]
-    m, r = len(order), 0
+    m, r = (len(order) if family is None else family) - called_before, 0
     for j, i in enumerate(order):
         if p[i] >= alpha / (m - j):
             break
         level[i], called[i], r = alpha / (m - j), True, r + 1
     level[order[r:]] = alpha / (m - r) if m > r else math.nan
     return level, called
+
+
+def spent(looks: Sequence[int]) -> list[float]:
+    """α of each look of a sequential confirm stage: spent in proportion to its seeds, α · (n_k −
+    n_{k−1}) / n_K (the Kim–DeMets power family with ρ = 1, close to Pocock's boundary: a clear
+    difference can stop at the first look). The looks' levels add up to α, so by the union bound the
+    chance of any false call over every look stays below α (conservative: the looks share seeds)."""
+    return [ALPHA * (n - before) / looks[-1] for before, n in zip([0, *looks[:-1]], looks)]
 
 
 # -- the sign-flip tests and their intervals ----------------------------------------------------
@@ -344,33 +356,89 @@ def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, f
     return called, "; ".join(notes), low, high
 
 
-def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str | None,
-                     metrics: dict[str, Metric], stop_reason: str = "fixed seeds") -> pd.DataFrame:
-    """comparisons.csv: a row per (setting, metric, method other than ``reference``), ``values``
-    holding each (setting label, method)'s per-seed frame; Holm over all the rows."""
-    rows, specs = [], []
+def _pairs_to_compare(values: dict[tuple[str, str], pd.DataFrame], reference: str | None,
+                      metrics: dict[str, Metric]) -> list[dict]:
+    """Each (setting, metric, method other than ``reference``) with both arms' per-seed frames."""
+    out = []
     for setting in dict.fromkeys(s for s, _ in values):       # in the order of ``best``
         ref = values.get((setting, reference))
         for name, metric in metrics.items():
             for (where, method), frame in values.items():
                 if where == setting and method != reference and ref is not None:
-                    rows.append({"setting": setting, "metric": name, "method": method, "reference": reference,
-                                 **compare(frame, ref, metric)})
-                    specs.append(metric)
+                    out.append({"setting": setting, "metric": name, "method": method, "reference": reference,
+                                "spec": metric, "frame": frame, "ref": ref})
+    return out
+
+
+def _look_rows(tested: list[dict], alpha: float, family: int, called_before: int) -> list[dict]:
+    """The compared rows of one look, with their verdicts: Holm at ``alpha`` over ``family``
+    comparisons, ``called_before`` of them called at earlier looks."""
+    ps = [row["p"] for row in tested]
+    levels, _ = holm_levels(ps, alpha, family, called_before)
+    adjusted = holm(ps, family, called_before) * (ALPHA / alpha)   # < 0.05 exactly where called
+    strictest = alpha / max(family - called_before, 1)
+    out = []
+    for row, level, p_adj in zip(tested, levels, adjusted):
+        metric = row["spec"]
+        called, note, low, high = verdict(row, level, metric)
+        out.append({**row, "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan, "verdict": called,
+                    "note": note, "adj_ci_low": low, "adj_ci_high": high,
+                    "power_mde": power_mde(row["d"], metric.kind, strictest, metric.resolution)})
+    return out
+
+
+def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str | None,
+                     metrics: dict[str, Metric], looks: Sequence[int] | None = None,
+                     order: Sequence[int] | None = None) -> pd.DataFrame:
+    """comparisons.csv: a row per (setting, metric, method other than ``reference``), ``values``
+    holding each (setting label, method)'s per-seed frame; Holm over all the rows.
+
+    ``looks`` (with ``order``, the confirm seeds in the order they run): a sequential confirm stage
+    looks after the first ``looks[k]`` seeds of ``order``. Each look tests, at its share of α
+    (:func:`spent`), the comparisons not yet answered that have seeds of that look; Holm runs over
+    every comparison, those called at earlier looks taking its first steps. A comparison ``better``,
+    ``worse`` or ``equivalent`` stops there (``stop_reason`` ``answered``); one still inconclusive
+    at the last look: ``max_seeds reached``; one without the seeds of the next look: ``open`` (the
+    driver runs them next, or the sweep was cut short). Without ``looks``: one look on every seed
+    (``fixed seeds``)."""
+    pairs = _pairs_to_compare(values, reference, metrics)
+    family = len(pairs)
+    plan = list(looks) if looks else [None]
+    alphas = spent(plan) if looks else [ALPHA]
+    final: dict[int, dict] = {}
+    pending, called_before = list(range(family)), 0
+    for k, (n, alpha) in enumerate(zip(plan, alphas)):
+        before = plan[k - 1] if k else 0
+        tested, idle = [], []
+        for i in pending:
+            pair = pairs[i]
+            frame, ref = pair["frame"], pair["ref"]
+            if n is not None:
+                seeds = set(order[:n])
+                frame, ref = frame[frame["seed"].isin(seeds)], ref[ref["seed"].isin(seeds)]
+                fresh = set(order[before:n])
+                if k and not (set(frame["seed"]) & set(ref["seed"]) & fresh):
+                    idle.append(i)     # not run on this look's seeds
+                    continue
+            tested.append({**{key: pair[key] for key in ("setting", "metric", "method", "reference", "spec")},
+                           **compare(frame, ref, pair["spec"]), "index": i})
+        for i in idle:
+            final[i]["stop_reason"] = "open"
+        pending = []
+        for row in _look_rows(tested, alpha, family, called_before):
+            answered = row["verdict"] in ("better", "worse", "equivalent")
+            called_before += row["verdict"] in ("better", "worse")
+            last = k == len(plan) - 1
+            row["stop_reason"] = ("fixed seeds" if not looks else "answered" if answered
+                                  else "max_seeds reached" if last else "open")
+            final[row["index"]] = row
+            if not answered:
+                pending.append(row["index"])
+    rows = [final[i] for i in range(family)]
     table = pd.DataFrame(rows, columns=[*COLUMNS, "p", "d"])
-    table["p_adjusted"] = holm(table["p"])
-    levels, _ = holm_levels(table["p"])
-    called = [verdict(row, level, metric) for row, level, metric in zip(rows, levels, specs)]
-    table["verdict"] = [c[0] for c in called]
-    table["note"] = [c[1] for c in called]
-    table["adj_ci_low"], table["adj_ci_high"] = [c[2] for c in called], [c[3] for c in called]
-    m = int(table["p"].notna().sum())
-    table["power_mde"] = [power_mde(row["d"], metric.kind, ALPHA / max(m, 1), metric.resolution)
-                          for row, metric in zip(rows, specs)]
     table["mde"] = table["power_mde"].where(table["verdict"] == "inconclusive")
-    table["margin"] = [metric.margin for metric in specs]
+    table["margin"] = [pair["spec"].margin for pair in pairs]
     table["seeds_used"] = table["n_seeds"]
-    table["stop_reason"] = stop_reason
     return table[COLUMNS]
 
 

@@ -92,11 +92,13 @@ def _comparisons_table(table: pd.DataFrame) -> str:
         power = "—" if not _present(power) else "∞" if math.isinf(power) else f"±{power:.{digits}f}"
         censored = (f"{r['censored_method']} / {r['censored_reference']}" if r["metric"] == "rounds_to_target"
                     else "")
-        rows.append([r["setting"], r["metric"], r["method"], str(r["n_seeds"]), _signed(r["difference"], digits) + ci,
+        rows.append([r["setting"], r["metric"], r["method"], f"{r['n_seeds']} ({r['stop_reason']})",
+                     _signed(r["difference"], digits) + ci,
                      _interval(r["adj_ci_low"], r["adj_ci_high"], digits),
                      "—" if math.isnan(r["p_adjusted"]) else f"{r['p_adjusted']:.3g}", r["verdict"], power,
                      r["test"], censored, r["note"]])
-    return _markdown(["setting", "metric", "method", "paired seeds", "difference [95% CI]", "adjusted CI", "p (Holm)",
+    return _markdown(["setting", "metric", "method", "paired seeds (stopped)", "difference [95% CI]", "adjusted CI",
+                      "p (Holm)",
                       "verdict", "80% power at", "test", "censored (method / ref.)", "note"], rows)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Sequence
 
@@ -96,11 +97,65 @@ def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir:
     return make_report(tracking_uri, experiment, sweep, out_dir, **options).path
 
 
+def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
+                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
+                 relative_target: float | None = None, resolution: float | None = None,
+                 margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
+                 order: Sequence[int] | None = None) -> SimpleNamespace:
+    """What the report's numbers come from, read from the sweep's MLflow runs: ``trials``, ``configs``,
+    ``best`` (with its intervals), the per-seed ``values`` and the ``comparisons`` (with ``looks`` and
+    ``order``, a sequential confirm stage's: :func:`fedsweep.reports.stats.comparison_table`), and
+    ``runs``, ``reference``, ``resolution``, ``target``, ``thresholds``, ``max_rounds``. The confirm
+    stage's driver reads its open comparisons here, by the report's own rules."""
+    from mlflow import MlflowClient
+    trials = load_trials(tracking_uri, experiment, sweep)
+    if not trials["status"].isin(SCORED).any():
+        counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+        errors = trials.loc[trials["error"] != "", "error"]
+        why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
+        raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
+                          f"({counts}){why}")
+    runs = _Runs(MlflowClient(tracking_uri=trials.attrs["tracking_uri"]))
+    thresholds = None
+    if relative_target is not None:
+        if reference is None:
+            raise ConfigError("report.relative_target needs a reference method (report.reference)")
+        settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
+        thresholds = relative_targets(trials, runs, settings_in, reference, relative_target)
+    configs = config_table(trials, setting_keys)
+    best = best_configs(configs, trials)
+    rule = configs.attrs["rule"]
+    if thresholds is not None:
+        keys = trials.attrs["target_keys"]
+        best["target"] = [thresholds.get(tuple(r[k] for k in keys), np.nan) for _, r in best.iterrows()]
+        target = None
+    else:
+        target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
+        best["target"] = target if target is not None else np.nan
+    max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
+    reference = reference if reference in set(best["method"]) else None
+    resolution = resolution or 1.0
+    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin)
+    score = SCORE_COLUMNS[configs.attrs["selected_on"]][0]   # what runs are scored by: selection did not look at it
+    shown = [score, "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
+    # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
+    # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
+    values = seed_values(best, trials, list(dict.fromkeys([*(m.column for m in metrics.values()), *shown])))
+    top = max_rounds if max_rounds is not None else math.inf
+    best = add_intervals(best, values, {"acc": (score, 0.0, 1.0), "final": ("summary/final_test_accuracy", 0.0, 1.0),
+                                        "rtt": ("rounds_to_target", 1.0, top)})
+    comparisons = comparison_table(values, reference, metrics, looks, order)
+    return SimpleNamespace(trials=trials, runs=runs, configs=configs, best=best, values=values,
+                           comparisons=comparisons, reference=reference, resolution=resolution, target=target,
+                           thresholds=thresholds, max_rounds=max_rounds)
+
+
 def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
                 setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True,
-                quiet: bool = False, margin: dict[str, float] | None = None) -> ReportResult:
+                quiet: bool = False, margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
+                order: Sequence[int] | None = None) -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, and for runs with per-client weights
@@ -113,52 +168,22 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     ``random_first``: an optuna search's random draws per study, before its model acts (``search_draws.png``).
     ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.reports.parent`;
     a store that refuses it costs one line on stderr, not the report); ``quiet``: without the line
-    saying it was logged there. Returns the path of ``report.md`` and the tables (:class:`ReportResult`)."""
-    from mlflow import MlflowClient
+    saying it was logged there. ``margin``: equivalence margins (``report.margin``); ``looks``, ``order``:
+    a sequential confirm stage's looks and seeds (:func:`fedsweep.sweep.confirm.looks`). Returns the path
+    of ``report.md`` and the tables (:class:`ReportResult`)."""
+    from mlflow import MlflowClient  # noqa: F401  (MLflow's import counts in the start-up, ended below)
 
     from fedsweep.runs.plots import plt  # noqa: F401  (imported here, with MLflow, before start-up ends)
     from fedsweep.util.startup import end_startup
     end_startup()   # `fedsweep report`: its imports are done
-    trials = load_trials(tracking_uri, experiment, sweep)
-    if not trials["status"].isin(SCORED).any():
-        counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
-        errors = trials.loc[trials["error"] != "", "error"]
-        why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
-        raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
-                          f"({counts}){why}")
+    t = sweep_tables(tracking_uri, experiment, sweep, setting_keys, reference, relative_target, resolution, margin,
+                     looks, order)
+    trials, runs, configs, best, comparisons = t.trials, t.runs, t.configs, t.best, t.comparisons
+    reference, resolution, target, thresholds, max_rounds = t.reference, t.resolution, t.target, t.thresholds, t.max_rounds
+    settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
+    uri = trials.attrs["tracking_uri"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    uri = trials.attrs["tracking_uri"]
-    runs = _Runs(MlflowClient(tracking_uri=uri))
-    thresholds = None
-    if relative_target is not None:
-        if reference is None:
-            raise ConfigError("report.relative_target needs a reference method (report.reference)")
-        settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
-        thresholds = relative_targets(trials, runs, settings_in, reference, relative_target)
-    configs = config_table(trials, setting_keys)
-    best = best_configs(configs, trials)
-    settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
-    if thresholds is not None:
-        keys = trials.attrs["target_keys"]
-        best["target"] = [thresholds.get(tuple(r[k] for k in keys), np.nan) for _, r in best.iterrows()]
-        target = None
-    else:
-        target = float(trials["summary/target_accuracy"].dropna().iloc[0]) if rule == "target" else None
-        best["target"] = target if target is not None else np.nan
-    max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
-    reference = reference if reference in set(best["method"]) else None
-    resolution = resolution or 1.0
-    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin)
-    shown = [SCORE_COLUMNS[configs.attrs["selected_on"]][0], "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
-    # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
-    # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
-    values = seed_values(best, trials, list(dict.fromkeys([*(m.column for m in metrics.values()), *shown])))
-    score = SCORE_COLUMNS[configs.attrs["selected_on"]][0]   # what selection did not look at
-    top = max_rounds if max_rounds is not None else math.inf
-    best = add_intervals(best, values, {"acc": (score, 0.0, 1.0), "final": ("summary/final_test_accuracy", 0.0, 1.0),
-                                        "rtt": ("rounds_to_target", 1.0, top)})
-    comparisons = comparison_table(values, reference, metrics)
 
     accuracy_curves_png(best, runs, out / "accuracy_curves.png", title=f"{sweep}: best config per method")
     rounds_to_target_png(best, out / "rounds_to_target.png", max_rounds, target if rule == "target" else None,

@@ -18,8 +18,45 @@ from fedsweep.config.names import short
 from fedsweep.config.schema import ConfigError, RunConfig
 from fedsweep.sweep.spec import SweepConfig, Trial, config_label
 
-#: A Tune experiment of its own for the confirm trials, inside the sweep's folder of the storage.
+#: A Tune experiment of its own for the confirm trials, inside the sweep's folder of the storage (a
+#: sequential stage's later looks: ``confirm-2``, ``confirm-3``, ...).
 EXPERIMENT = "confirm"
+
+
+def look_experiment(look: int) -> str:
+    """The Tune experiment of look ``look`` (1-based) of the confirm stage."""
+    return EXPERIMENT if look <= 1 else f"{EXPERIMENT}-{look}"
+
+
+def seed_order(sweep: SweepConfig) -> list[int]:
+    """The confirm seeds in the order they run: ``confirm.seeds``, then (with ``max_seeds``) the next
+    integers after the largest of them that the tuning stage does not use, up to ``max_seeds``."""
+    seeds = list(sweep.confirm.seeds)
+    taken = set(seeds) | set(sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))])
+    candidate = max(seeds) + 1
+    while len(seeds) < (sweep.confirm.max_seeds or 0):
+        if candidate not in taken:
+            seeds.append(candidate)
+        candidate += 1
+    return seeds
+
+
+def looks(sweep: SweepConfig) -> list[int] | None:
+    """How many confirm seeds each look of a sequential stage has seen (``seeds``, then ``step`` more
+    at a time up to ``max_seeds``); None for a confirm stage of fixed seeds."""
+    confirm = sweep.confirm
+    if confirm is None or confirm.max_seeds is None or confirm.max_seeds == len(confirm.seeds):
+        return None
+    return list(range(len(confirm.seeds), confirm.max_seeds, confirm.step)) + [confirm.max_seeds]
+
+
+def confirm_record(sweep: SweepConfig):
+    """What the trials file keeps of ``confirm:`` (a resumed sweep must have the same)."""
+    if sweep.confirm is None:
+        return None
+    if looks(sweep) is None:
+        return sweep.confirm.seeds
+    return {"seeds": sweep.confirm.seeds, "max_seeds": sweep.confirm.max_seeds, "step": sweep.confirm.step}
 
 
 def confirm_size(sweep: SweepConfig, trials: list[Trial]) -> int:
@@ -29,6 +66,13 @@ def confirm_size(sweep: SweepConfig, trials: list[Trial]) -> int:
     if sweep.confirm is None:
         return 0
     return len({selection_group(sweep, t) for t in trials}) * len(sweep.confirm.seeds)
+
+
+def most_confirm_trials(sweep: SweepConfig, trials: list[Trial]) -> int:
+    """The confirm trials of the worst case: every selected config on ``max_seeds`` seeds."""
+    if sweep.confirm is None:
+        return 0
+    return len({selection_group(sweep, t) for t in trials}) * len(seed_order(sweep))
 
 
 def selection_group(sweep: SweepConfig, trial: Trial) -> tuple:
@@ -56,6 +100,36 @@ def plan_confirm(sweep: SweepConfig, payloads: list[dict], uri: str, experiment:
         for seed in sweep.confirm.seeds:
             planned.append(_reseeded(template, seed, len(payloads) + len(planned)))
     return planned
+
+
+def plan_look(sweep: SweepConfig, payloads: list[dict], uri: str, experiment: str, look: int,
+              resolution: float) -> tuple[list[dict], int]:
+    """The trials of look ``look`` (2-based on) of a sequential confirm stage: the next ``step`` seeds
+    for the selected config of each method, and of the reference, in a comparison the looks so far
+    left open, read from MLflow by the report's own rules (:func:`fedsweep.reports.write.sweep_tables`);
+    numbered after ``payloads``. Returns (the trials, the comparisons still open); no trials where
+    every comparison is answered."""
+    from fedsweep.reports.write import sweep_tables
+    from fedsweep.sweep.checks import reference_method
+    plan, order = looks(sweep), seed_order(sweep)
+    reference = reference_method(sweep, (p["method"] for p in payloads))
+    t = sweep_tables(uri, experiment, sweep.name, sweep.report.settings, reference, sweep.report.relative_target,
+                     resolution, sweep.report.margin.model_dump(), plan, order)
+    open_rows = t.comparisons[t.comparisons["stop_reason"] == "open"]
+    from fedsweep.reports.stats import _key
+    config_of = {_key(r, t.best.attrs["settings"]): r["config_id"] for _, r in t.best.iterrows()}
+    wanted = list(dict.fromkeys(config_of[(r["setting"], who)] for _, r in open_rows.iterrows()
+                                for who in (r["method"], r["reference"])))
+    template = {}
+    for p in payloads:
+        if p.get("stage") == "confirm":
+            template.setdefault(p["config_id"], p)
+    seeds = order[plan[look - 2]:plan[look - 1]]
+    planned = []
+    for config_id in wanted:
+        for seed in seeds:
+            planned.append(_reseeded(template[config_id], seed, len(payloads) + len(planned)))
+    return planned, len(open_rows)
 
 
 def confirm_units(sweep: SweepConfig, planned: list[dict], slots: int) -> list[list[int]]:

@@ -13,7 +13,7 @@ import time
 
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.checks import check_report
-from fedsweep.sweep.confirm import selection_group
+from fedsweep.sweep.confirm import looks, seed_order, selection_group
 from fedsweep.sweep.spec import SweepConfig, Trial, iter_trials, trial_count
 from fedsweep.sweep.units import pack_units
 
@@ -35,18 +35,20 @@ class Progress:
             self.next = now + PROGRESS_EVERY_S
 
 
-def seeds_note(seeds: int, comparisons: int) -> str:
+def seeds_note(seeds: int, comparisons: int, alpha: float = 0.05) -> str:
     """What ``seeds`` confirm seeds cannot show: the report's exact tests (sign-flip, signed-rank) have
-    no p below 2 / 2^n with n paired seeds, and Holm's first level over ``comparisons`` is 0.05 / m."""
-    from fedsweep.reports.stats import ALPHA, smallest_p
+    no p below 2 / 2^n with n paired seeds, and Holm's first level over ``comparisons`` is α / m (α:
+    0.05, or a sequential look's share of it)."""
+    from fedsweep.reports.stats import smallest_p
     m = max(1, comparisons)
-    if smallest_p(seeds) < ALPHA / m:
+    if smallest_p(seeds) < alpha / m:
         return ""
-    fewest = next(n for n in range(2, 64) if smallest_p(n) < ALPHA / m)
+    fewest = next(n for n in range(2, 64) if smallest_p(n) < alpha / m)
+    share = f"{alpha:.3g}/{m}" if alpha != 0.05 else f"0.05/{m}"
     return (f"with {seeds} confirm seeds no comparison can be called better, worse or equivalent: the exact tests' "
             f"smallest p with {seeds} paired seeds is {smallest_p(seeds):.3g}, not below Holm's first level over "
-            f"the report's {m} comparison{'s' if m != 1 else ''}, 0.05/{m} = {ALPHA / m:.3g}; {fewest} seeds are the "
-            "fewest that can call one (`confirm.seeds`)")
+            f"the report's {m} comparison{'s' if m != 1 else ''}, {share} = {alpha / m:.3g}; {fewest} seeds are the "
+            "fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)")
 
 
 def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
@@ -79,16 +81,31 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
         print(f"then a confirm stage: {len(groups) * len(sweep.confirm.seeds):,} trials, the selected config of each "
               f"of {len(groups)} (method, setting) pairs on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
               file=out)
+        plan = looks(sweep)
+        from fedsweep.reports.stats import spent
+        if plan is not None:
+            order = seed_order(sweep)
+            print(f"  and where a comparison is not answered, {sweep.confirm.step} seeds more at a time for its two "
+                  f"configs, at most {len(plan) - 1} times (seeds {', '.join(map(str, order[len(sweep.confirm.seeds):]))}): "
+                  f"at most {len(groups) * len(order):,} confirm trials; looks after {', '.join(map(str, plan))} seeds, "
+                  f"each at its share of α = 0.05 ({', '.join(f'{a:.3g}' for a in spent(plan))})", file=out)
         from fedsweep.sweep.checks import reference_method
         reference = reference_method(sweep, first_of_method)
         compared = sum(method != reference for method, _ in groups) if reference is not None else 0
         target = methods[0].config.eval.target_accuracy is not None or sweep.report.relative_target is not None
-        note = seeds_note(len(sweep.confirm.seeds), compared * (2 if target else 1)) if compared else ""
+        plan = looks(sweep) or [len(sweep.confirm.seeds)]
+        levels = spent(plan) if len(plan) > 1 else [0.05]
+        m = compared * (2 if target else 1)
+        note = seeds_note(plan[-1], m, levels[-1]) if compared else ""
+        if compared and not note and len(plan) > 1 and seeds_note(plan[0], m, levels[0]):
+            note = seeds_note(plan[0], m, levels[0]).replace("no comparison can be called", "the first look can call "
+                                                             "nothing", 1)
         if note:
             print(f"note: {note}", file=out)
     if any(t.sampled for t in methods):
         print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
-    return {"trials": count, "confirm": len(groups) * len(sweep.confirm.seeds) if groups else 0}
+    return {"trials": count, "confirm": len(groups) * len(sweep.confirm.seeds) if groups else 0,
+            "confirm_most": len(groups) * len(seed_order(sweep)) if groups else 0}
 
 
 def trial_table(trials: list[Trial], columns_of: list[Trial] | None = None) -> str:

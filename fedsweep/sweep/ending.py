@@ -114,8 +114,8 @@ def resume_problem(store) -> str | None:
     if state.get("parent_run_id") is None:
         return "it was stopped while it was being set up, before any trial started"
     if state.get("stage") == "confirm":   # the confirm stage's Tune run is the one to continue
-        from fedsweep.sweep.confirm import EXPERIMENT
-        store = store.child(EXPERIMENT)
+        from fedsweep.sweep.confirm import look_experiment
+        store = store.child(look_experiment(state.get("look", 1)))
         try:
             names = store.names()
         except OSError as e:

@@ -93,6 +93,12 @@ class ConfirmConfig(_Strict):
         "ended, each method's selected config per setting is run again (a trial each, tagged "
         "`fedsweep.stage=confirm`); `fedsweep report` scores and compares methods on these runs only, free of "
         "the luck of the seeds a config was picked on.")
+    max_seeds: int | None = Field(
+        None, ge=2, description="Seeds until answered: after `seeds`, add `step` seeds at a time to the configs of "
+        "every comparison still `inconclusive`, until each is `better`, `worse` or `equivalent` or it has this many "
+        "(docs/sweeps.md, Seeds until answered). The seeds added are the next integers after the largest of "
+        "`seeds` that no other stage uses. Default: `seeds` only.")
+    step: int = Field(4, ge=1, description="Seeds added at each look (with `max_seeds`).")
 
 
 class SweepConfig(_Strict):
@@ -286,6 +292,9 @@ def load_sweep(path: str | Path | dict) -> SweepConfig:
                               "a confirm run must not share the seed its config was picked on")
         if len(set(sweep.confirm.seeds)) < len(sweep.confirm.seeds):
             raise ConfigError(f"{path}: confirm.seeds: a seed is given twice")
+        if sweep.confirm.max_seeds is not None and sweep.confirm.max_seeds < len(sweep.confirm.seeds):
+            raise ConfigError(f"{path}: confirm.max_seeds: {sweep.confirm.max_seeds} is fewer than the "
+                              f"{len(sweep.confirm.seeds)} seeds of confirm.seeds")
     if isinstance(sweep.pack, int) and sweep.pack < 1:
         raise ConfigError(f"{path}: pack: {sweep.pack} is not allowed; allowed: a number ≥ 1, `seeds`, or no `pack`")
     if sweep.pack not in (None, 1) and sweep.scheduler is not None:

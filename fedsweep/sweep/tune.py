@@ -223,14 +223,23 @@ def _check_resumable(sweep: SweepConfig, trials: list[Trial], source: str, store
     n_trials, n_units = saved.get("confirm_from", [len(saved["trials"]), len(saved["units"])])   # the tuning part
     changed = _changed_since_start({**saved, "trials": saved["trials"][:n_trials], "units": saved["units"][:n_units]},
                                    _trial_payloads(trials, sweep), pack_units(sweep, trials), _search_text(sweep))
-    then, now = saved.get("confirm"), sweep.confirm.seeds if sweep.confirm is not None else None
+    from fedsweep.sweep.confirm import confirm_record
+    then, now = saved.get("confirm"), confirm_record(sweep)
     if not changed and then != now:
-        changed = f"confirm seeds {then or 'none'} then, {now or 'none'} now"
+        changed = f"confirm {_confirm_text(then)} then, {_confirm_text(now)} now"
     if changed:
         what = "the mapping" if source == "sweep" else "the file"
         raise ConfigError(f"--resume: {source} changed since sweep {sweep.name!r} started ({changed}); a resumed "
                           f"sweep runs the trials it started with: restore {what} (its MLflow parent run "
                           f"keeps it as sweep.yaml), or start the edited sweep over with --restart")
+
+
+def _confirm_text(record) -> str:
+    if not record:
+        return "none"
+    if isinstance(record, dict):
+        return f"seeds {record['seeds']} up to {record['max_seeds']} in steps of {record['step']}"
+    return f"seeds {record}"
 
 
 def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: bytes, root: Storage, uri: str, *,
@@ -275,7 +284,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: byt
 def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
     """Inside the Ray session: the parent run, Tune's run of the tuning stage (new or restored), then,
     with ``confirm:``, the confirm stage's (:mod:`fedsweep.sweep.confirm`), and the sweep's outcome."""
-    from fedsweep.sweep.confirm import EXPERIMENT, confirm_size
+    from fedsweep.sweep.confirm import confirm_record, confirm_size, look_experiment, most_confirm_trials
     from fedsweep.sweep.ending import end_sweep, quiet_tune_state_errors, replay_unlogged
     store = root.child(sweep.name)
     if resume:
@@ -299,12 +308,15 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
         store.write_text(STATE_FILE, json.dumps(state))
         payloads = _trial_payloads(trials, sweep)
         store.write_text(TRIALS_FILE, json.dumps({"trials": payloads, "units": units, "search": _search_text(sweep),
-                                                  "confirm": sweep.confirm.seeds if sweep.confirm else None}))
+                                                  "confirm": confirm_record(sweep)}))
     confirming = state.get("stage") == "confirm"
+    look = state.get("look", 1) if confirming else 0           # the confirm stage's look under way
     ahead = 0 if confirming else confirm_size(sweep, trials)   # confirm trials not planned yet
+    most = 0 if confirming else most_confirm_trials(sweep, trials)
     total = len(payloads) + ahead
     packs = f" in {len(units)} packs" if len(units) < len(payloads) else ""
-    then = f", then {ahead} confirm trials" if ahead else " (on to its confirm stage)" if confirming else ""
+    upto = f" (up to {most} as seeds are added until answered)" if most > ahead else ""
+    then = f", then {ahead} confirm trials{upto}" if ahead else " (on to its confirm stage)" if confirming else ""
     show(f"{sweep.name}: {len(payloads) if not confirming else total} trials{packs}{then}; MLflow experiment "
          f"{experiment!r} at {uri}")
     from fedsweep.util.startup import end_startup
@@ -312,23 +324,26 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
     quiet_tune_state_errors(store.where())
     grace = float(payloads[0]["run"]["mlflow"].get("retry_seconds", 120.0))
     sweep_id = state.get("sweep_id")
-    where = store.child(EXPERIMENT) if confirming else store
+    where = store.child(look_experiment(look)) if confirming else store
     if resume:
         tuner = tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where)
     else:
         tuner = tuners.new_tuner(sweep, trials, payloads, units, root, store, sweep_id, uri, exp_id, parent_id)
     stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where), grace)
-    if stopped is None and not confirming and sweep.confirm is not None:
+    while stopped is None and sweep.confirm is not None:   # the confirm stage, a look at a time
         try:
-            planned = _plan_confirm(sweep, payloads, units, store, state, uri, client, exp_id, parent_id, experiment,
-                                    grace)
-        except ConfigError as e:   # the tuning records cannot be read, or a method has none to select
+            planned = (_plan_confirm(sweep, payloads, units, store, state, uri, client, exp_id, parent_id, experiment,
+                                     grace) if look == 0 else
+                       _plan_next_look(sweep, trials, payloads, units, store, state, uri, client, exp_id, parent_id,
+                                       experiment, grace, look + 1))
+        except ConfigError as e:   # the records cannot be read, or a method has none to select
             stopped, planned = e, None
-        if planned is not None:    # None: the tuning stage was interrupted (Ctrl-C): --resume goes on with it
-            payloads, units, tuner = planned
-            total = len(payloads)
-            stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(
-                sweep, payloads, units, store, sweep_id, store.child(EXPERIMENT)), grace)
+        if planned is None:        # interrupted (Ctrl-C: --resume goes on with it), or every question answered
+            break
+        payloads, units, tuner = planned
+        look, total = look + 1, len(payloads)
+        stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(
+            sweep, payloads, units, store, sweep_id, store.child(look_experiment(look))), grace)
     ended = end_sweep(name=sweep.name, store=store, state=state, parent_id=parent_id, total=total, units=units,
                       uri=uri, client=client, exp_id=exp_id, grace=grace, stopped=stopped)
     return {"trials": total, "sweep": sweep.name, "parent_run_id": parent_id, "tracking_uri": uri,
@@ -377,14 +392,56 @@ def _plan_confirm(sweep, payloads, units, store: Storage, state: dict, uri, clie
     saved = json.loads(store.read_text(TRIALS_FILE))
     store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units,
                                               "confirm_from": [len(payloads), first]}))
-    state["stage"] = "confirm"
+    state["stage"], state["look"] = "confirm", 1
     store.write_text(STATE_FILE, json.dumps(state))
     packs = f" in {len(units) - first} packs" if len(units) - first < len(planned) else ""
     show(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
-         f"{', '.join(map(str, sweep.confirm.seeds))}")
+         f"{', '.join(map(str, sweep.confirm.seeds))}" + (f"; more, up to {sweep.confirm.max_seeds} seeds, where a "
+                                                          "comparison is not answered" if sweep.confirm.max_seeds
+                                                          and sweep.confirm.max_seeds > len(sweep.confirm.seeds)
+                                                          else ""))
     payloads = payloads + planned
     return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
                                                  exp_id, parent_id)
+
+
+def _plan_next_look(sweep, trials, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id,
+                    experiment, grace, look: int):
+    """Look ``look`` of a sequential confirm stage (:func:`fedsweep.sweep.confirm.plan_look`): once every
+    trial so far has ended and the store holds their records, the next seeds for the configs of the
+    comparisons still open, kept in the trials and state files, and its Tune run; None once every
+    comparison is answered, the looks are spent, or some trial has not ended (Ctrl-C)."""
+    from fedsweep.sweep.callbacks import FINAL_STATUSES, SWEEPS
+    from fedsweep.sweep.confirm import concurrent_slots, confirm_units, looks, plan_look, seed_order
+    from fedsweep.sweep.ending import outcomes
+    plan = looks(sweep)
+    if plan is None or look > len(plan):
+        return None
+    if not SWEEPS[parent_id].writer.drain(grace):
+        raise ConfigError("confirm: the MLflow store has not taken every confirm trial's record, which decide which "
+                          "comparisons need more seeds; --resume goes on once it has")
+    counts = outcomes(client, exp_id, parent_id)
+    if sum(counts.get(s, 0) for s in FINAL_STATUSES) < len(payloads):
+        return None
+    resolution = max(t.config.eval.every for t in trials)
+    planned, still_open = plan_look(sweep, payloads, uri, experiment, look, resolution)
+    if not planned:
+        show(f"[sweep] confirm stage: every comparison answered after {plan[look - 2]} seeds")
+        return None
+    first = len(units)
+    units = units + confirm_units(sweep, planned, concurrent_slots(sweep))
+    saved = json.loads(store.read_text(TRIALS_FILE))
+    store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units}))
+    state["look"] = look
+    store.write_text(STATE_FILE, json.dumps(state))
+    seeds = seed_order(sweep)[plan[look - 2]:plan[look - 1]]
+    configs = len({p["config_id"] for p in planned})
+    show(f"[sweep] confirm look {look} of {len(plan)}: {still_open} comparison{'s' if still_open != 1 else ''} "
+         f"not answered after {plan[look - 2]} seeds; {len(planned)} trials, {configs} configs on seeds "
+         f"{', '.join(map(str, seeds))}")
+    payloads = payloads + planned
+    return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
+                                                 exp_id, parent_id, look)
 
 
 LOST_RESULT_RETRIES = 3   # restores in one driver after results lost with dead nodes, then it stops

@@ -90,13 +90,14 @@ def new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, swe
                                               later="to draw" if studies is not None else "pending")]))
 
 
-def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: str, uri, exp_id, parent_id):
-    """The confirm stage's Tune run (:mod:`fedsweep.sweep.confirm`): units ``first`` onwards (the
-    selected configs on the confirm seeds), each run to its last round (no scheduler, nothing drawn),
-    as a Tune experiment of its own inside the sweep's folder of the storage."""
+def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: str, uri, exp_id, parent_id,
+                  look: int = 1):
+    """The confirm stage's Tune run (:mod:`fedsweep.sweep.confirm`) of look ``look``: units ``first``
+    onwards (the selected configs on the look's confirm seeds), each run to its last round (no
+    scheduler, nothing drawn), as a Tune experiment of its own inside the sweep's folder of the storage."""
     from ray import tune
 
-    from fedsweep.sweep.confirm import EXPERIMENT
+    from fedsweep.sweep.confirm import look_experiment
     indices = [i for unit in units[first:] for i in unit]
     return tune.Tuner(
         trainable(sweep, payloads, units, store, sweep_id),
@@ -104,7 +105,7 @@ def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: 
                      "report_every_s": REPORT_EVERY_S, "scheduler": False, "rungs": None},
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=sweep.max_concurrent),
         run_config=tune.RunConfig(
-            name=EXPERIMENT, **store.tune_args(), verbose=0,
+            name=look_experiment(look), **store.tune_args(), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
                        make_progress_callback(payloads, units, store, indices=indices)]))
