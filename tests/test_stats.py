@@ -294,3 +294,27 @@ def test_one_paired_seed_is_not_tested():
 
 def test_a_setting_without_the_reference_is_not_compared():
     assert comparison_table({("x", "a"): seeds(REFERENCE)}, "fedavg", {"acc": ACCURACY}).empty
+
+
+def test_a_lead_that_grows_with_the_setting_is_tested_not_read_from_two_estimates():
+    """FedLGA 1 point ahead at rho 0.1 and 4 points at rho 0.9 on every seed: its lead grows; a method
+    ahead by the same 2 points at both, give or take noise, is inconclusive, never `lead grows`."""
+    from fedsweep.reports.stats import interaction_table
+    noise = np.array([0.004, -0.003, 0.002, -0.001, 0.003, -0.004, 0.001, -0.002])
+    values = {}
+    for rho, lead in (("rho=0.1", 0.01), ("rho=0.9", 0.04)):
+        values[(rho, "fedavg")] = seeds(REFERENCE)
+        values[(rho, "fedlga")] = seeds(np.add(REFERENCE, lead + noise))
+        values[(rho, "fedcm")] = seeds(np.add(REFERENCE, 0.02 + (noise if rho == "rho=0.1" else noise[::-1])))
+    table = interaction_table(values, "fedavg", {"acc": ACCURACY}).set_index("method")
+    grows, flat = table.loc["fedlga"], table.loc["fedcm"]
+    assert grows["verdict"] == "lead grows" and grows["change"] == pytest.approx(0.03) and grows["adj_ci_low"] > 0
+    assert (grows["from"], grows["to"], grows["n_seeds"]) == ("rho=0.1", "rho=0.9", 8)
+    assert flat["verdict"] == "inconclusive" and flat["adj_ci_low"] < 0 < flat["adj_ci_high"]
+    assert table["p_adjusted"].tolist() == pytest.approx(holm([p_value(np.full(8, 0.03), MEAN),
+                                                               p_value(noise[::-1] - noise, MEAN)]).tolist())
+    # fewer rounds is a gain: a gap in rounds that widens at 0.9 is a lead that grows
+    rounds = {("rho=0.1", "fedavg"): seeds([30] * 8, "rounds"), ("rho=0.1", "fedlga"): seeds([28] * 8, "rounds"),
+              ("rho=0.9", "fedavg"): seeds([40] * 8, "rounds"), ("rho=0.9", "fedlga"): seeds([30] * 8, "rounds")}
+    assert interaction_table(rounds, "fedavg", {"r": EVERY_ROUND}).iloc[0]["verdict"] == "lead grows"
+    assert interaction_table({k: v for k, v in values.items() if k[0] == "rho=0.1"}, "fedavg", {"acc": ACCURACY}).empty

@@ -90,8 +90,9 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     from fedsweep.sweep.view import TAG_PREFIX, read_view
     view = read_view(client.get_experiment_by_name("tiny").tags[TAG_PREFIX + "fedsweep-tiny"])
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "fedsweep.config"}]
-    assert view["selectedColumns"] == ["metrics.`best/test_accuracy`", "metrics.`summary/rounds_to_target`",
+    assert view["selectedColumns"] == ["metrics.`summary/rounds_to_target`", "metrics.`best/test_accuracy`",
                                        "params.`algorithm.name`", "params.`local.lr`"]
+    assert view["orderByKey"] == "metrics.`summary/rounds_to_target`" and view["orderByAsc"]   # what selection reads
     assert {k: v for k, v in client.get_run(parent).data.tags.items() if k.startswith("sweep.")} == {
         "sweep.trials": "8", "sweep.seeds": "[0, 1]", "sweep.methods": "fedavg,fedlga", "sweep.pack": "None",
         "sweep.units": "8", "sweep.grid.local.lr": "[0.1, 1e+30]"}
@@ -767,7 +768,7 @@ def test_crashing_trial_is_retried_then_failed_and_asha_stops_a_laggard(tmp_path
     assert printed.err.count("[failed] fedavg data.name=mnist") == 2 and "/error.txt)" in printed.err
     assert printed.err.count("[retrying] fedavg data.name=mnist") == 2           # max_failures: 1
     assert "Trials did not complete" not in printed.err                  # Tune's list of trial ids
-    assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| best .* \| \d+ s$", printed.err, re.M)
+    assert re.search(r"^\[sweep\] 4 trials: 2 failed, 1 finished, 1 stopped \| leading on test: .* \| \d+ s$", printed.err, re.M)
     assert error in printed.err.split("[retrying] ")[1] and " (failure 1; traceback: " in printed.err
     assert _wait_for(lambda: not ray_processes_of(os.getpgid(0)), 30)   # Ray is gone after crashed trials too
     client, runs = trial_runs(uri, "a")

@@ -442,6 +442,74 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
     return table[COLUMNS]
 
 
+INTERACTION_COLUMNS = ["metric", "method", "reference", "from", "to", "n_seeds", "change", "ci_low", "ci_high",
+                       "adj_ci_low", "adj_ci_high", "p_adjusted", "verdict", "test", "note"]
+
+
+def interaction_table(values: dict[tuple[str, str], pd.DataFrame], reference: str | None,
+                      metrics: dict[str, Metric]) -> pd.DataFrame:
+    """Whether each method's lead over ``reference`` changes between the first and the last value of
+    the setting (interactions.csv): per seed both runs of both arms, the change of the paired
+    difference, (method − reference at the last value) − (the same at the first), tested as the
+    metric's differences are (sign-flip on the mean; signed-rank and Hodges–Lehmann on rounds, a
+    censored run at R + 1) on the seeds all four runs share; Holm over these rows, a family of their
+    own. ``lead grows``: the adjusted interval lies on the side where the method gains (more accuracy,
+    fewer rounds) at the last value; ``lead shrinks``: the other side; else ``inconclusive``."""
+    settings = list(dict.fromkeys(s for s, _ in values))
+    rows = []
+    if reference is None or len(settings) < 2:
+        return pd.DataFrame(columns=INTERACTION_COLUMNS)
+    first, last = settings[0], settings[-1]
+    methods = [m for s, m in values if s == first and m != reference and (last, m) in values]
+    for name, metric in metrics.items():
+        for method in methods:
+            arms = [values.get((where, who)) for where in (first, last) for who in (method, reference)]
+            if any(a is None for a in arms):
+                continue
+            lead_first, *_ = differences_by_seed(arms[0], arms[1], metric)
+            lead_last, *_ = differences_by_seed(arms[2], arms[3], metric)
+            both = lead_first.index.intersection(lead_last.index)
+            change = (lead_last[both] - lead_first[both]).to_numpy(float)
+            n, kind = len(change), metric.kind
+            row = {"metric": name, "method": method, "reference": reference, "from": first, "to": last,
+                   "n_seeds": n, "d": change, "note": ""}
+            if n < 2:
+                rows.append({**row, "change": estimate(change, kind) if n else math.nan, "ci_low": math.nan,
+                             "ci_high": math.nan, "p": math.nan, "test": "none", "note": f"{n} shared seeds: no test"})
+                continue
+            exact = "exact" if n <= EXACT_UP_TO else f"{DRAWS:,} random sign patterns"
+            centre = estimate(change, kind)
+            low, high = interval(change, kind, ALPHA, 2 * metric.span, centre)
+            rows.append({**row, "change": centre, "ci_low": low, "ci_high": high, "p": p_value(change, kind),
+                         "test": f"{TESTS[kind]} ({exact})"})
+    table = pd.DataFrame(rows, columns=[*INTERACTION_COLUMNS, "p", "d"])
+    if table.empty:
+        return table[INTERACTION_COLUMNS]
+    table["p_adjusted"] = holm(table["p"])
+    levels, _ = holm_levels(table["p"])
+    verdicts, lows, highs = [], [], []
+    for row, level in zip(rows, levels):
+        metric = metrics[row["metric"]]
+        if math.isnan(level):
+            verdicts.append("not tested"), lows.append(math.nan), highs.append(math.nan)
+            continue
+        low, high = interval(row["d"], metric.kind, level, 2 * metric.span, row["change"])
+        gains = (low > 0) if metric.higher_is_better else (high < 0)
+        loses = (high < 0) if metric.higher_is_better else (low > 0)
+        verdicts.append("lead grows" if gains else "lead shrinks" if loses else "inconclusive")
+        lows.append(low), highs.append(high)
+    table["verdict"], table["adj_ci_low"], table["adj_ci_high"] = verdicts, lows, highs
+    return table[INTERACTION_COLUMNS]
+
+
+def differences_by_seed(method_values: pd.DataFrame, reference_values: pd.DataFrame,
+                        metric: Metric) -> tuple[pd.Series, int, int]:
+    """:func:`differences` indexed by seed."""
+    pairs = _paired(method_values, reference_values, metric)
+    d, cm, cr = differences(method_values, reference_values, metric)
+    return pd.Series(d, index=pairs["seed"].to_numpy()), cm, cr
+
+
 def _key(row, settings: Sequence[str]) -> tuple[str, str]:
     """(setting label, method) of a row of ``best``: how per-seed frames and comparisons are keyed."""
     return _setting_label(row, settings) or "all", row["method"]

@@ -102,6 +102,19 @@ def _comparisons_table(table: pd.DataFrame) -> str:
                       "verdict", "80% power at", "test", "censored (method / ref.)", "note"], rows)
 
 
+def _interactions_table(table: pd.DataFrame) -> str:
+    """The interaction rows: the change of a method's paired difference between two setting values."""
+    rows = []
+    for _, r in table.iterrows():
+        digits = 1 if r["metric"] == "rounds_to_target" else 4
+        ci = f" {_interval(r['ci_low'], r['ci_high'], digits)}" if _present(r["ci_low"]) else ""
+        rows.append([r["metric"], r["method"], f"{r['from']} → {r['to']}", str(r["n_seeds"]),
+                     _signed(r["change"], digits) + ci, _interval(r["adj_ci_low"], r["adj_ci_high"], digits),
+                     "—" if math.isnan(r["p_adjusted"]) else f"{r['p_adjusted']:.3g}", r["verdict"], r["test"]])
+    return _markdown(["metric", "method", "from → to", "shared seeds", "change [95% CI]", "adjusted CI", "p (Holm)",
+                      "verdict", "test"], rows)
+
+
 def _all_table(configs: pd.DataFrame) -> str:
     """Every tuning config, ranked within its method and settings; with a validation split the
     numbers selection ranks by (validation) beside the ones reported (test)."""

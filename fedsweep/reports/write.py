@@ -15,8 +15,9 @@ import pandas as pd
 from fedsweep.config.schema import ConfigError
 from fedsweep.reports.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
                                    weights_figures)
-from fedsweep.reports.stats import Metric, add_intervals, comparison_table, seed_values
-from fedsweep.reports.tables import _all_table, _best_table, _comparisons_table, _markdown, _rounds_table
+from fedsweep.reports.stats import Metric, add_intervals, comparison_table, interaction_table, seed_values
+from fedsweep.reports.tables import (_all_table, _best_table, _comparisons_table, _interactions_table, _markdown,
+                                     _rounds_table)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
                                     best_configs, config_table, load_trials, relative_targets)
 
@@ -70,6 +71,19 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
             _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", ""]
 
 
+def _interaction_lines(interactions: pd.DataFrame, key: str) -> list[str]:
+    """The report's "Does the lead change with <key>?" section."""
+    first, last = interactions.iloc[0]["from"], interactions.iloc[0]["to"]
+    how = (f"Whether a method's lead over {interactions.iloc[0]['reference']} is larger at {last} than at {first}: "
+           "per seed, the method's paired difference at the last value minus the one at the first (`change`), "
+           "tested as the comparisons are (accuracy: sign-flip on the mean; rounds: signed-rank and "
+           "Hodges–Lehmann, censored runs last) on the seeds all four runs share, Holm over these rows (a family of "
+           "their own). `lead grows`: the adjusted interval lies on the side where the method gains at the last "
+           "value (more accuracy, fewer rounds); `lead shrinks`: the other side; `inconclusive`: neither. A lead "
+           "read from two point estimates is not this test. `interactions.csv` holds every column.")
+    return [f"## Does the lead change with {key}?", "", how, "", _interactions_table(interactions), ""]
+
+
 @dataclass(repr=False)
 class ReportResult:
     """What a report wrote (``path``: its report.md) and its tables, as ``fedsweep.report`` returns them.
@@ -80,16 +94,18 @@ class ReportResult:
     ``best``: the rank-1 config of each method per setting, with its means and 95% intervals
     (``*_lo``/``*_hi``) and ``scored_on`` (``tuning``, or ``confirm`` runs); ``comparisons``: each
     method against the reference, paired by seed (comparisons.csv; docs/sweeps.md, "Intervals and
-    verdicts")."""
+    verdicts"); ``interactions``: with one setting key of several values, whether each method's lead
+    changes from its first value to its last (interactions.csv; empty otherwise)."""
     path: Path
     trials: pd.DataFrame = field(default_factory=pd.DataFrame)
     configs: pd.DataFrame = field(default_factory=pd.DataFrame)
     best: pd.DataFrame = field(default_factory=pd.DataFrame)
     comparisons: pd.DataFrame = field(default_factory=pd.DataFrame)
+    interactions: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def __repr__(self) -> str:
         return (f"ReportResult(path={str(self.path)!r}, trials={len(self.trials)}, configs={len(self.configs)}, "
-                f"best={len(self.best)}, comparisons={len(self.comparisons)})")
+                f"best={len(self.best)}, comparisons={len(self.comparisons)}, interactions={len(self.interactions)})")
 
 
 def write_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path, **options) -> Path:
@@ -145,8 +161,9 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     best = add_intervals(best, values, {"acc": (score, 0.0, 1.0), "final": ("summary/final_test_accuracy", 0.0, 1.0),
                                         "rtt": ("rounds_to_target", 1.0, top)})
     comparisons = comparison_table(values, reference, metrics, looks, order)
+    interactions = interaction_table(values, reference, metrics) if len(configs.attrs["settings"]) == 1 else None
     return SimpleNamespace(trials=trials, runs=runs, configs=configs, best=best, values=values,
-                           comparisons=comparisons, reference=reference, resolution=resolution, target=target,
+                           comparisons=comparisons, interactions=interactions, reference=reference, resolution=resolution, target=target,
                            thresholds=thresholds, max_rounds=max_rounds)
 
 
@@ -200,6 +217,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         search_draws_png(configs, random_first, out / "search_draws.png", title=f"{sweep}: optuna's draws in order")
     trials.to_csv(out / "trials.csv", index=False)
     comparisons.to_csv(out / "comparisons.csv", index=False)
+    interactions = t.interactions if t.interactions is not None and len(t.interactions) else None
+    if interactions is not None:
+        interactions.to_csv(out / "interactions.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
     dupes = trials.attrs["runs_read"] - len(trials)
@@ -251,6 +271,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
             "",
         ]
     lines += _comparison_lines(comparisons, reference, resolution)
+    if interactions is not None:
+        lines += _interaction_lines(interactions, settings[0])
     if several:
         lines += ["![each method across settings](settings_curves.png)", ""]
     if sampled_keys:
@@ -292,7 +314,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     path.write_text("\n".join(lines))
     if to_parent:
         _log_to_parent(runs.client, trials, out, best, lines, quiet, comparisons)
-    return ReportResult(path, trials, configs, best, comparisons)
+    return ReportResult(path, trials, configs, best, comparisons,
+                        interactions if interactions is not None else pd.DataFrame())
 
 
 def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str],

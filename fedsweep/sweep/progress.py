@@ -12,6 +12,7 @@ import math
 import sys
 import time
 
+from fedsweep.config.names import short
 from fedsweep.sweep.callbacks import member_status, trial_error
 from fedsweep.sweep.spec import drawn_payload
 
@@ -67,21 +68,36 @@ def member_statuses(trial, units: list[list[int]]) -> list[str]:
     return ["failed" if trial.status == "ERROR" else trial.status.lower()] * len(unit)
 
 
+def setting_of(payload: dict, settings) -> str:
+    """The trial's values of the ``settings`` keys, short (``ρ0.5``); empty for none."""
+    parts = []
+    for key in settings:
+        node = payload["run"]
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            parts.append(short(key, node))
+    return " ".join(parts)
+
+
 def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None,
-                           indices: list[int] | None = None, later: str = "pending"):
+                           indices: list[int] | None = None, later: str = "pending", settings=()):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
     per second since the first report). Counts come from Tune's list of every trial, so a resumed
     sweep counts what ran before too. ``store``: the sweep's storage, to say where a failed trial's
     traceback is kept. ``indices``: the sweep trials this Tune run has (default every one; the confirm
     stage's run has only its own). ``later``: what the status line calls trials Tune has not made yet
-    (``to draw`` for optuna's slots, whose values are drawn when they start)."""
+    (``to draw`` for optuna's slots, whose values are drawn when they start). ``settings``: the keys
+    methods are compared under (``report.settings``): the status line shows the run leading on
+    validation (on test where runs have no validation split) under each of their values, by its best
+    accuracy so far, one seed's: selection itself waits for every seed."""
     from ray import tune
     stage = list(range(len(payloads))) if indices is None else list(indices)
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best = len(stage), None
+            self.total, self.best = len(stage), {}   # setting -> (accuracy, run name, split)
             self.storage_said = False
             self._start_clock()
 
@@ -137,7 +153,11 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             if sum(counts.values()) < self.total:   # trials Tune has not made yet (optuna's slots: not drawn)
                 counts[later] = counts.get(later, 0) + self.total - sum(counts.values())
             parts = [f"{v} {k}" for k, v in sorted(counts.items())]
-            best = f" | best {self.best[0]:.4f} ({self.best[1]})" if self.best else ""
+            best = ""
+            if self.best:
+                split = "val" if any(b[2] == "val" for b in self.best.values()) else "test"
+                best = f" | leading on {split}: " + "; ".join(
+                    f"{acc:.4f} {name}" for _, (acc, name, _) in sorted(self.best.items()))
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
             from fedsweep.runs.run import duration
             clock = f" | {duration(now - self.started)}"
@@ -171,10 +191,13 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             for index, part in result.get("members", {}).items():
                 if part.get("rows"):
                     self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
-                evals = [r["test/accuracy"] for r in part.get("rows", []) if "test/accuracy" in r]
-                acc = max(evals, default=None)
-                if acc is not None and math.isfinite(acc) and (self.best is None or acc > self.best[0]):
-                    self.best = (acc, self._label(trial, int(index)))
+                rows = part.get("rows", [])
+                split = "val" if any("val/accuracy" in r for r in rows) else "test"
+                acc = max((r[f"{split}/accuracy"] for r in rows if f"{split}/accuracy" in r), default=None)
+                where = setting_of(payloads[int(index)], settings)
+                if acc is not None and math.isfinite(acc) and (where not in self.best or acc > self.best[where][0]):
+                    self._label(trial, int(index))      # optuna's drawn values into the payload's name
+                    self.best[where] = (acc, payloads[int(index)].get("name") or payloads[int(index)]["label"], split)
             if time.time() - self.last_print > STATUS_EVERY_S:
                 self.last_print = time.time()
                 self._print(self._line(trials))
@@ -188,7 +211,11 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                     self._print(f"[failed] {self._label(trial, index)}: {part['error']}")
                     continue
                 acc = part.get("best/test_accuracy", float("nan"))
-                self._print(f"[{member_status(trial, index)}] {self._label(trial, index)}: best acc {acc:.4f} "
+                said = f"best acc {acc:.4f}"
+                if "best/val_accuracy" in part:
+                    scored = part.get("summary/test_accuracy_at_best_val", float("nan"))
+                    said = f"best val acc {part['best/val_accuracy']:.4f}, test acc at best val {scored:.4f}"
+                self._print(f"[{member_status(trial, index)}] {self._label(trial, index)}: {said} "
                             f"after {part.get('round', 0)} rounds")
 
         def on_trial_error(self, iteration, trials, trial, **info):

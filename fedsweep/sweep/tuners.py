@@ -87,7 +87,8 @@ def new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, swe
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
                        make_progress_callback(payloads, units, store,
-                                              later="to draw" if studies is not None else "pending")]))
+                                              later="to draw" if studies is not None else "pending",
+                                              settings=sweep.report.settings)]))
 
 
 def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: str, uri, exp_id, parent_id,
@@ -108,4 +109,5 @@ def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: 
             name=look_experiment(look), **store.tune_args(), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
-                       make_progress_callback(payloads, units, store, indices=indices)]))
+                       make_progress_callback(payloads, units, store, indices=indices,
+                                              settings=sweep.report.settings)]))

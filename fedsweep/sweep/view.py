@@ -4,8 +4,9 @@ MLflow 3.17 keeps a runs table's saved views as experiment tags (``mlflow.shared
 a name and the table's state, zlib-compressed JSON) and opens one from its *Views* menu or from the
 address ``#/experiments/<id>/runs?viewStateShareKey=<key>``. ``tune`` writes one per sweep: the
 sweep's trial runs (not its parent, which Group by would put in an "Unassigned" group), grouped by
-the ``fedsweep.config`` tag (the run name less its seed) with the average over seeds, the scored
-metric and the swept keys as columns, sorted by the metric, the run-name column wide enough for the
+the ``fedsweep.config`` tag (the run name less its seed) with the average over seeds, the metric
+selection reads (on validation where runs have it), the scored ones and the swept keys as columns, sorted
+by the selection metric, the run-name column wide enough for the
 names, and every run in the charts (the UI's default shows the first 10). ``fedsweep ui`` prints its
 address.
 """
@@ -27,19 +28,24 @@ def view_key(sweep: str) -> str:
     return "fedsweep-" + re.sub(r"[^A-Za-z0-9_-]", "_", sweep)[:200]
 
 
-def view_columns(validation: bool, target: bool) -> list[str]:
-    """The metrics shown, the first sorting the table: what selects and what scores a config."""
-    scored = ["summary/test_accuracy_at_best_val", "best/val_accuracy"] if validation else ["best/test_accuracy"]
-    return scored + (["summary/rounds_to_target"] if target else [])
+def view_columns(validation: bool, target: bool) -> tuple[list[str], bool]:
+    """(the metrics shown, whether the first sorts ascending): first the one selection reads (fewest
+    rounds to the target, else the best accuracy, on validation where runs have it), then what scores
+    a config."""
+    if validation:
+        selects = ["summary/val_rounds_to_target", "best/val_accuracy"] if target else ["best/val_accuracy"]
+        return selects + ["summary/test_accuracy_at_best_val"] + (["summary/rounds_to_target"] if target else []), target
+    return (["summary/rounds_to_target", "best/test_accuracy"] if target else ["best/test_accuracy"]), target
 
 
-def view_state(sweep: str, metrics: list[str], params: list[str]) -> dict:
-    """The runs table's state (the fields MLflow 3.17 saves; the rest keep its defaults)."""
+def view_state(sweep: str, metrics: list[str], params: list[str], ascending: bool = False) -> dict:
+    """The runs table's state (the fields MLflow 3.17 saves; the rest keep its defaults), sorted by
+    the first of ``metrics``."""
     metric_cols = [f"metrics.`{m}`" for m in metrics]
     param_cols = [f"params.`{p}`" for p in params]
     return {
         "searchFilter": f"tags.`fedsweep.sweep` = '{sweep}' and tags.`fedsweep.role` = 'trial'",
-        "orderByKey": metric_cols[0], "orderByAsc": False, "startTime": "ALL", "lifecycleFilter": "Active",
+        "orderByKey": metric_cols[0], "orderByAsc": ascending, "startTime": "ALL", "lifecycleFilter": "Active",
         "datasetsFilter": [], "modelVersionFilter": "All Runs",
         "selectedColumns": metric_cols + param_cols,
         "columnOrder": ["attributes.`Run Name`", *metric_cols, *param_cols],
@@ -77,8 +83,8 @@ def write_view(client, experiment_id: str, sweep, trials) -> None:
             seen.setdefault(k, set()).add(str(v))
     params = [k for k, values in seen.items() if len(values) > 1 and k not in ("seed", "algorithm.name")]
     first = trials[0].config
-    metrics = view_columns(first.data.validation_fraction > 0, first.eval.target_accuracy is not None)
-    key, value = view_tag(sweep.name, view_state(sweep.name, metrics, ["algorithm.name", *params]))
+    metrics, ascending = view_columns(first.data.validation_fraction > 0, first.eval.target_accuracy is not None)
+    key, value = view_tag(sweep.name, view_state(sweep.name, metrics, ["algorithm.name", *params], ascending))
     client.set_experiment_tag(experiment_id, key, value)
 
 
