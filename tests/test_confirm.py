@@ -158,6 +158,61 @@ def test_seeds_are_added_until_answered_clear_differences_stop_early(tmp_path, m
     assert "| fedprox | 8 (answered) |" in text and "| fedcm | 12 (max_seeds reached) |" in text
 
 
+@pytest.mark.slow   # 80 s; the looks themselves: test_seeds_are_added_until_answered_clear_differences_stop_early
+def test_resume_continues_a_later_look_of_the_confirm_stage(tmp_path):
+    """Ctrl-C while the confirm stage's second look runs: `--resume` continues that look (its own Tune
+    experiment, confirm-2), and the sweep ends as it would have: FedProx on the first look's 8 seeds,
+    FedAvg and FedCM on 12, every round of every run once."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = {"name": "seqr",
+            "base": {"rounds": 300, "clients_per_round": 4, "device": "cpu",
+                     "model": {"name": "mlp", "options": {"hidden": 16}},
+                     "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
+                              "validation_fraction": 0.1},
+                     "local": {"steps": 2, "batch_size": 10, "lr": 0.1}, "eval": {"every": 50}},
+            "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
+            "seeds": [0], "confirm": {"seeds": list(range(10, 18)), "max_seeds": 12, "step": 4},
+            "report": {"settings": [], "margin": {"accuracy": 0, "rounds": 0}}, "max_concurrent": 1}
+    path = tmp_path / "seqr.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with open(tmp_path / "driver.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", str(path)], cwd=tmp_path, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    try:
+        end = time.time() + 300
+        while "[sweep] confirm look 2 of 2" not in (tmp_path / "driver.log").read_text() and time.time() < end \
+                and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2)                       # a look-2 trial under way
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = (tmp_path / "driver.log").read_text()
+    assert proc.returncode == 1 and "--resume" in text, text[-3000:]
+    cwd = os.getcwd()
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        os.chdir(tmp_path)
+        assert main(["tune", str(path), "--resume"]) == 0
+    finally:
+        os.chdir(cwd)
+        del os.environ["MLFLOW_TRACKING_URI"]
+    client, children = runs(uri, "seqr")
+    seeds = {}
+    for r in children:
+        if r.data.tags.get("fedsweep.stage") == "confirm":
+            seeds.setdefault(r.data.params["algorithm.name"], []).append(int(r.data.params["seed"]))
+            assert r.data.tags["fedsweep.status"] in ("finished", "diverged")
+            if r.data.tags["fedsweep.status"] == "finished":
+                steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+                assert steps == list(range(1, 301))
+    assert {m: sorted(v) for m, v in seeds.items()} == {"fedprox": list(range(10, 18)), "fedavg": list(range(10, 22)),
+                                                        "fedcm": list(range(10, 22))}
+
+
 @pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm"])
 def test_resume_continues_across_the_stages(tmp_path, stage):
     """Ctrl-C in the tuning stage: `--resume` finishes it, then plans and runs the confirm stage;

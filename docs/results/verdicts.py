@@ -5,10 +5,10 @@
 
 One row per (sweep, setting, method) compared with its sweep's reference: rounds to target and the
 accuracy the runs are scored by (test, at each run's best validation round), each as `verdict
-difference [95% CI], p` over the confirm seeds, paired by seed. The CI is the unadjusted 95% interval of
-the paired difference; p is Holm-adjusted over every comparison of its sweep, and the verdict reads p
-(and, for rounds, the resolution set by eval.every), so a CI may exclude 0 where the verdict is
-`no difference`.
+difference [adjusted interval], seeds (why they stopped), 80% power at ±x` over the confirm seeds,
+paired by seed (docs/sweeps.md, "Intervals and verdicts"): the adjusted interval is the one the verdict
+reads, so it excludes 0 exactly where the verdict is `better` or `worse`. Then, for the sweeps with one
+setting key, whether each method's lead changes from its first value to its last (interactions.csv).
 """
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def cell(row: dict | None, digits: int) -> str:
     verdict = row["verdict"]
     if row["difference"] in ("", "nan"):
         return verdict
-    diff, low, high = (float(row[k]) for k in ("difference", "ci_low", "ci_high"))
+    diff, low, high = (float(row[k]) for k in ("difference", "adj_ci_low", "adj_ci_high"))
     text = f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
-    p = float(row["p_adjusted"]) if row["p_adjusted"] not in ("", "nan") else None
+    power = float(row["power_mde"]) if row["power_mde"] not in ("", "nan") else None
+    power = "" if power is None else ", power ∞" if power == float("inf") else f", 80% power at ±{power:.{digits}f}"
     censored = int(row.get("censored_method") or 0) + int(row.get("censored_reference") or 0)
-    return f"**{verdict}** {text}" + (f", p = {p:.2g}" if p is not None else "") + \
-        (f" ({censored} censored)" if censored else "")
+    return (f"**{verdict}** {text}, {row['seeds_used']} seeds ({row['stop_reason']}){power}"
+            + (f", {censored} censored" if censored else ""))
 
 
 def setting(text: str) -> str:
@@ -57,5 +58,24 @@ def table(reports: Path) -> str:
     return "\n".join(lines)
 
 
+def interactions(reports: Path) -> str:
+    lines = ["| sweep | method vs reference | metric | from → to | change [adjusted interval], shared seeds |",
+             "|---|---|---|---|---|"]
+    for sweep in SWEEPS:
+        path = reports / sweep / "interactions.csv"
+        if not path.exists():
+            continue
+        for r in csv.DictReader(open(path)):
+            digits = 1 if r["metric"] == "rounds_to_target" else 3
+            change, low, high = (float(r[k]) for k in ("change", "adj_ci_low", "adj_ci_high"))
+            lines.append(f"| `{sweep}` | {r['method']} vs {r['reference']} | {r['metric'].split('/')[-1]} | "
+                         f"{setting(r['from'])} → {setting(r['to'])} | **{r['verdict']}** {change:+.{digits}f} "
+                         f"[{low:+.{digits}f}, {high:+.{digits}f}], {r['n_seeds']} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(table(Path(sys.argv[1] if len(sys.argv) > 1 else "reports")))
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "reports")
+    print(table(folder))
+    print()
+    print(interactions(folder))
