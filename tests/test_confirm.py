@@ -148,6 +148,9 @@ def test_seeds_are_added_until_answered_clear_differences_stop_early(tmp_path, m
             seeds.setdefault(r.data.params["algorithm.name"], []).append(int(r.data.params["seed"]))
     assert {m: sorted(v) for m, v in seeds.items()} == {"fedprox": list(range(10, 18)), "fedavg": list(range(10, 22)),
                                                         "fedcm": list(range(10, 22))}
+    later = [r for r in children if r.data.tags.get("fedsweep.stage") == "confirm" and int(r.data.params["seed"]) >= 18]
+    assert {r.info.run_name for r in later} >= {"fedcm s18 confirm", "fedavg s21 confirm"}   # named as the first look's
+    assert {r.data.tags["fedsweep.config"] for r in later} == {"fedcm confirm", "fedavg confirm"}
     assert main(["report", str(path)]) == 0
     rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "reports" / "seq" / "comparisons.csv"))}
     assert (rows["fedprox"]["verdict"], rows["fedprox"]["seeds_used"], rows["fedprox"]["stop_reason"]) == \

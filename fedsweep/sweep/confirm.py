@@ -190,6 +190,8 @@ def _reseeded(template: dict, seed: int, index: int) -> dict[str, Any]:
         raise ConfigError(f"confirm.seeds: {seed} cannot run {template['label']}: {e}") from None
     method_and_keys = template["label"].rsplit(" seed=", 1)[0]
     name = config_label(template)
+    if template.get("stage") == "confirm":    # a later look's template is a confirm run: its label ends so already
+        name = name.removesuffix(" confirm")
     return {**{k: v for k, v in template.items() if k not in ("drawn", "varying", "overrides", "draw")},
             "run": run, "seed": seed, "index": index, "stage": "confirm",
             "label": f"{method_and_keys} seed={seed} (confirm)", "name": f"{name} {short('seed', seed)} confirm"}
