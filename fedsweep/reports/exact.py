@@ -1,0 +1,166 @@
+"""The exact paired tests of ``fedsweep report`` and their intervals (:mod:`fedsweep.reports.stats`
+reads them): the sign-flip permutation test of a sum of paired differences (on the differences:
+their mean; on their signed ranks: the signed-rank test, with the Hodges–Lehmann estimate), each
+interval the shifts its test does not reject, Holm's step-down and its levels, and the α of each
+look of a sequential confirm stage."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE, ALPHA, POWER = 0.95, 0.05, 0.8
+TOLERANCE = 1e-9
+EXACT_UP_TO = 16      # seeds: every sign pattern (65,536 at 16); beyond, DRAWS fixed random ones
+DRAWS = 20_000
+MEAN, RANK = "mean", "rank"
+TESTS = {MEAN: "sign-flip", RANK: "signed-rank"}
+
+
+def holm(pvalues: Sequence[float], family: int | None = None, called_before: int = 0) -> np.ndarray:
+    """Holm's step-down adjustment; NaN p-values (no test) stay NaN and do not count in the family.
+    ``family``: the comparisons Holm runs over (default: the p-values given), ``called_before`` of
+    which were called at an earlier look and take its first steps."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(len(p), math.nan)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = (len(order) if family is None else family) - called_before
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(len(order))) * p[order]))
+    return out
+
+
+def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA, family: int | None = None,
+                called_before: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(level, called) per p: Holm's step-down calls the j-th smallest p (1-based) while it is below
+    α / (m − j + 1) and every smaller one was called; a called p's level is that α / (m − j + 1), an
+    uncalled one's α / (m − r), r the number called. NaN p: NaN level, not called. ``family``,
+    ``called_before``: as for :func:`holm` (m = family − called_before)."""
+    p = np.asarray(pvalues, dtype=float)
+    level, called = np.full(len(p), math.nan), np.zeros(len(p), dtype=bool)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m, r = (len(order) if family is None else family) - called_before, 0
+    for j, i in enumerate(order):
+        if p[i] >= alpha / (m - j):
+            break
+        level[i], called[i], r = alpha / (m - j), True, r + 1
+    level[order[r:]] = alpha / (m - r) if m > r else math.nan
+    return level, called
+
+
+def spent(looks: Sequence[int]) -> list[float]:
+    """α of each look of a sequential confirm stage: spent in proportion to its seeds, α · (n_k −
+    n_{k−1}) / n_K (the Kim–DeMets power family with ρ = 1, close to Pocock's boundary: a clear
+    difference can stop at the first look). The looks' levels add up to α, so by the union bound the
+    chance of any false call over every look stays below α (conservative: the looks share seeds)."""
+    return [ALPHA * (n - before) / looks[-1] for before, n in zip([0, *looks[:-1]], looks)]
+
+
+# -- the sign-flip tests and their intervals ----------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _signs(n: int) -> np.ndarray:
+    """Sign patterns for n pairs, the first all +1: every one of the 2^n up to EXACT_UP_TO pairs,
+    else DRAWS drawn once from a fixed seed (the same for every shift, so an interval is one test's)."""
+    if n <= EXACT_UP_TO:
+        bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+        return 1.0 - 2.0 * bits
+    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(DRAWS, n))
+    signs[0] = 1.0
+    return signs
+
+
+def smallest_p(n: int) -> float:
+    """The smallest two-sided p of a sign-flip test on n pairs (every pair on one side)."""
+    return 2.0 / 2 ** n if n <= EXACT_UP_TO else 1.0 / DRAWS
+
+
+def _flip_p(x: np.ndarray) -> float:
+    """Two-sided p of the sum of ``x`` among its sign flips: the share of patterns whose |sum| is at
+    least the observed one (the observed pattern counts itself)."""
+    if len(x) == 0:
+        return 1.0
+    observed = abs(float(x.sum())) - TOLERANCE * max(1.0, float(np.abs(x).sum()))
+    return float(np.mean(np.abs(_signs(len(x)) @ x) >= observed))
+
+
+def _statistic(d: np.ndarray, kind: str) -> np.ndarray:
+    """What is sign-flipped: the differences themselves (mean), or their signed ranks, zeros dropped."""
+    if kind == MEAN:
+        return d
+    d = d[np.abs(d) > TOLERANCE * max(1.0, float(np.abs(d).max(initial=0.0)))]
+    return np.sign(d) * stats.rankdata(np.abs(d))
+
+
+def p_value(d: np.ndarray, kind: str, shift: float = 0.0) -> float:
+    """p of the hypothesis that the paired differences ``d`` are centred on ``shift``."""
+    return _flip_p(_statistic(np.asarray(d, dtype=float) - shift, kind))
+
+
+def estimate(d: np.ndarray, kind: str) -> float:
+    """The mean, or the Hodges–Lehmann estimate: the median of the Walsh averages (d_i + d_j) / 2, i ≤ j."""
+    if kind == MEAN:
+        return float(np.mean(d))
+    i, j = np.triu_indices(len(d))
+    return float(np.median((d[i] + d[j]) / 2))
+
+
+def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
+             centre: float | None = None) -> tuple[float, float]:
+    """The shifts the test does not reject at ``level`` (p ≥ level), cut to ±``bound``: each end found
+    by bisection between an accepted shift and a rejected one, the accepted one being 0 where 0 is
+    accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it."""
+    d = np.asarray(d, dtype=float)
+    centre = estimate(d, kind) if centre is None else centre
+    zero_ok = p_value(d, kind) >= level
+    scale = max(float(np.ptp(d)), abs(centre), TOLERANCE)
+
+    def end(sign: float) -> float:
+        accepted = 0.0 if zero_ok and sign * (0.0 - centre) > 0 else centre
+        step = scale
+        rejected = accepted + sign * step
+        while p_value(d, kind, rejected) >= level:
+            if abs(rejected) >= bound:
+                return sign * bound
+            accepted, step = rejected, 2 * step
+            rejected = accepted + sign * step
+        for _ in range(100):
+            if abs(rejected - accepted) <= 1e-9 * scale:
+                break
+            mid = (accepted + rejected) / 2
+            if p_value(d, kind, mid) >= level:
+                accepted = mid
+            else:
+                rejected = mid
+        accepted = _snap(float(np.clip(accepted, -bound, bound)), scale)
+        return 0.0 if zero_ok and abs(accepted) < 10 * TOLERANCE else accepted   # a tie with 0, as the test sees it
+
+    return end(-1.0), end(1.0)
+
+
+def _snap(x: float, scale: float) -> float:
+    """``x`` rounded to 1e-7 of ``scale`` (a bisection ends within 1e-9 of it: 0.99999997 reads 1), on
+    the same side of 0 as before (an end beside 0 says whether the interval holds it)."""
+    q = 10.0 ** math.floor(math.log10(scale * 1e-7))
+    snapped = round(x / q) * q
+    return snapped if (snapped > 0) == (x > 0) and (snapped < 0) == (x < 0) else x
+
+
+def power_mde(d: np.ndarray, kind: str, level: float, resolution: float = 0.0) -> float:
+    """The difference n paired seeds with differences like ``d`` call with 80% power at ``level``
+    (two-sided): the t-test's (t_{1−level/2, n−1} + t_{0.8, n−1}) · sd / √n, × √(π/3) for the signed-rank
+    test; at least ``resolution``; infinite where the sign-flip test cannot reach ``level`` at all."""
+    n = len(d)
+    if n < 2:
+        return math.nan
+    if smallest_p(n) >= level:
+        return math.inf
+    with np.errstate(all="ignore"):
+        mde = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * float(np.std(d, ddof=1)) / math.sqrt(n)
+    if kind == RANK:
+        mde *= math.sqrt(math.pi / 3)
+    return float(max(mde, resolution))
