@@ -112,6 +112,24 @@ def test_the_selected_configs_are_confirmed_on_fresh_seeds_and_scored_on_them(tm
     assert all(line.split(" | ")[3] == "2" for line in table.splitlines()[2:])   # 2 seeds each: the confirm ones
 
 
+def write_sequential(tmp_path, name: str, rounds: int, every: int, **over) -> Path:
+    """A sweep whose confirm stage adds seeds until answered (8, then 4 more up to 12): FedProx pinned
+    to the server's model (it diverges: `worse` at once), FedCM with α = 1 (FedAvg's very updates, never
+    `equivalent` with margin 0: open to the end) and FedAvg, their reference."""
+    spec = {"name": name,
+            "base": {"rounds": rounds, "clients_per_round": 4, "device": "cpu",
+                     "model": {"name": "mlp", "options": {"hidden": 16}},
+                     "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
+                              "validation_fraction": 0.1},
+                     "local": {"steps": 2, "batch_size": 10, "lr": 0.1}, "eval": {"every": every}},
+            "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
+            "seeds": [0], "confirm": {"seeds": list(range(10, 18)), "max_seeds": 12, "step": 4},
+            "report": {"settings": [], "margin": {"accuracy": 0, "rounds": 0}}, **over}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def test_seeds_are_added_until_answered_clear_differences_stop_early(tmp_path, monkeypatch, capsys):
     """`confirm: {seeds: 8, max_seeds: 12, step: 4}`: FedProx pinned to the server's model (it
     diverges) is `worse` at the first look and runs no more seeds; FedCM with α = 1 (FedAvg's very
@@ -120,17 +138,7 @@ def test_seeds_are_added_until_answered_clear_differences_stop_early(tmp_path, m
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    spec = {"name": "seq",
-            "base": {"rounds": 12, "clients_per_round": 4, "device": "cpu",
-                     "model": {"name": "mlp", "options": {"hidden": 16}},
-                     "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
-                              "validation_fraction": 0.1},
-                     "local": {"steps": 2, "batch_size": 10, "lr": 0.1}, "eval": {"every": 3}},
-            "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
-            "seeds": [0], "confirm": {"seeds": list(range(10, 18)), "max_seeds": 12, "step": 4},
-            "report": {"settings": [], "margin": {"accuracy": 0, "rounds": 0}}, "pack": "seeds"}
-    path = tmp_path / "seq.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = write_sequential(tmp_path, "seq", rounds=12, every=3, pack="seeds")
     assert main(["tune", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "and where a comparison is not answered, 4 seeds more at a time for its two configs, at most 1 times " \
@@ -167,17 +175,7 @@ def test_resume_continues_a_later_look_of_the_confirm_stage(tmp_path):
     experiment, confirm-2), and the sweep ends as it would have: FedProx on the first look's 8 seeds,
     FedAvg and FedCM on 12, every round of every run once."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = {"name": "seqr",
-            "base": {"rounds": 300, "clients_per_round": 4, "device": "cpu",
-                     "model": {"name": "mlp", "options": {"hidden": 16}},
-                     "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
-                              "validation_fraction": 0.1},
-                     "local": {"steps": 2, "batch_size": 10, "lr": 0.1}, "eval": {"every": 50}},
-            "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
-            "seeds": [0], "confirm": {"seeds": list(range(10, 18)), "max_seeds": 12, "step": 4},
-            "report": {"settings": [], "margin": {"accuracy": 0, "rounds": 0}}, "max_concurrent": 1}
-    path = tmp_path / "seqr.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = write_sequential(tmp_path, "seqr", rounds=300, every=50, max_concurrent=1)
     with open(tmp_path / "driver.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "tune", str(path)], cwd=tmp_path, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,

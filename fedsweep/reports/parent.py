@@ -41,11 +41,10 @@ def metric_name(method: str, setting: str, what: str) -> str:
 def selected_metrics(best: pd.DataFrame) -> dict[str, float]:
     """Each method's selected config per setting: its scored accuracy and rounds to target (means
     over the seeds it is scored on), as parent metrics."""
-    from fedsweep.config.names import short
     settings = best.attrs["settings"]
     out = {}
     for _, r in best.iterrows():
-        setting = " ".join(short(k, r[k]) for k in settings if k in r and not _missing(r[k]))
+        setting = _short_setting(r, settings)
         for what, column in (("test_accuracy", "acc_ci"), ("rounds_to_target", "rtt_ci")):
             interval = r.get(column)
             if interval is not None and not _missing(interval.mean):
@@ -56,13 +55,9 @@ def selected_metrics(best: pd.DataFrame) -> dict[str, float]:
 
 def verdict_entries(best: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[dict[str, float], dict[str, str]]:
     """(metrics, tags) of each comparison of ``comparisons`` on the parent run (module docstring)."""
-    from fedsweep.config.names import short
     from fedsweep.reports.trials import _setting_label
     settings = best.attrs["settings"]
-    where = {}
-    for _, r in best.iterrows():
-        label = _setting_label(r, settings) or "all"
-        where[label] = " ".join(short(k, r[k]) for k in settings if k in r and not _missing(r[k]))
+    where = {_setting_label(r, settings) or "all": _short_setting(r, settings) for _, r in best.iterrows()}
     metrics, tags = {}, {}
     for _, c in comparisons.iterrows():
         what = "rounds_to_target" if c["metric"] == "rounds_to_target" else "test_accuracy"
@@ -75,6 +70,12 @@ def verdict_entries(best: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[dict
                                                        f"{c['adj_ci_high']:+.{digits}f}]")
         tags[f"fedsweep.verdict.{name}"] = f"{c['verdict']}{shown}, {int(c['n_seeds'])} seeds vs {c['reference']}"
     return metrics, tags
+
+
+def _short_setting(row, settings) -> str:
+    """A row of ``best``'s setting values in the short form of run names (``ρ0.5``), as metric names use."""
+    from fedsweep.config.names import short
+    return " ".join(short(k, row[k]) for k in settings if k in row and not _missing(row[k]))
 
 
 def _missing(v) -> bool:

@@ -147,12 +147,35 @@ def _constant(x: np.ndarray) -> bool:
 def differences(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric) -> tuple[np.ndarray, int, int]:
     """(paired differences method − reference, censored runs of the method, of the reference); a
     censored run at R + 1 (R: ``metric.horizon``, else one past the latest run seen)."""
+    d, cm, cr = differences_by_seed(method_values, reference_values, metric)
+    return d.to_numpy(float), cm, cr
+
+
+def differences_by_seed(method_values: pd.DataFrame, reference_values: pd.DataFrame,
+                        metric: Metric) -> tuple[pd.Series, int, int]:
+    """:func:`differences` indexed by seed."""
     pairs = _paired(method_values, reference_values, metric)
     m, r = pairs["m"].to_numpy(float), pairs["r"].to_numpy(float)
+    seeds = pairs["seed"].to_numpy()
     if not metric.censored:
-        return m - r, 0, 0
+        return pd.Series(m - r, index=seeds), 0, 0
     late = (metric.horizon if metric.horizon is not None else np.nanmax([*m, *r, 0.0])) + 1
-    return np.where(np.isnan(m), late, m) - np.where(np.isnan(r), late, r), int(np.isnan(m).sum()), int(np.isnan(r).sum())
+    d = np.where(np.isnan(m), late, m) - np.where(np.isnan(r), late, r)
+    return pd.Series(d, index=seeds), int(np.isnan(m).sum()), int(np.isnan(r).sum())
+
+
+def _tested(d: np.ndarray, kind: str, span: float, seeds: str = "paired seed") -> dict:
+    """The estimate of differences ``d``, its 95% interval (cut to ±``span``), the test's p and name;
+    with fewer than two differences none of them (``seeds`` names them in the note)."""
+    n = len(d)
+    if n < 2:
+        return {"difference": estimate(d, kind) if n else math.nan, "ci_low": math.nan, "ci_high": math.nan,
+                "p": math.nan, "test": "none", "note": f"{n} {seeds}{'s' if n != 1 else ''}: no test"}
+    exact = "exact" if n <= EXACT_UP_TO else f"{DRAWS:,} random sign patterns"
+    centre = estimate(d, kind)
+    low, high = interval(d, kind, ALPHA, span, centre)
+    return {"difference": centre, "ci_low": low, "ci_high": high, "p": p_value(d, kind),
+            "test": f"{TESTS[kind]} ({exact})", "note": ""}
 
 
 def compare(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric) -> dict:
@@ -161,22 +184,16 @@ def compare(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric:
     paired differences ``d``. The adjusted interval and the verdict need every comparison's p:
     :func:`comparison_table` adds them."""
     d, cm, cr = differences(method_values, reference_values, metric)
-    n, kind = len(d), metric.kind
-    exact = "exact" if n <= EXACT_UP_TO else f"{DRAWS:,} random sign patterns"
-    row = {"n_seeds": n, "censored_method": cm, "censored_reference": cr, "d": d,
-           "test": f"{TESTS[kind]} ({exact})", "note": ""}
-    if n < 2:
-        return {**row, "difference": estimate(d, kind) if n else math.nan, "ci_low": math.nan, "ci_high": math.nan,
-                "p": math.nan, "test": "none", "note": f"{n} paired seed{'s' if n != 1 else ''}: no test"}
+    row = {"n_seeds": len(d), "censored_method": cm, "censored_reference": cr, "d": d,
+           **_tested(d, metric.kind, metric.span)}
+    if len(d) < 2:
+        return row
     notes = []
     if cm or cr:
         notes.append("censored runs count as later than every run that reached: the estimate is a bound")
     if _constant(d):
         notes.append("the same on every seed" if abs(d[0]) < TOLERANCE else f"every paired difference is {d[0]:+.4g}")
-    centre = estimate(d, kind)
-    low, high = interval(d, kind, ALPHA, metric.span, centre)
-    return {**row, "difference": centre, "ci_low": low, "ci_high": high, "p": p_value(d, kind),
-            "note": "; ".join(notes)}
+    return {**row, "note": "; ".join(notes)}
 
 
 def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, float]:
@@ -319,18 +336,9 @@ def interaction_table(values: dict[tuple[str, str], pd.DataFrame], reference: st
             lead_last, *_ = differences_by_seed(arms[2], arms[3], metric)
             both = lead_first.index.intersection(lead_last.index)
             change = (lead_last[both] - lead_first[both]).to_numpy(float)
-            n, kind = len(change), metric.kind
-            row = {"metric": name, "method": method, "reference": reference, "from": first, "to": last,
-                   "n_seeds": n, "d": change, "note": ""}
-            if n < 2:
-                rows.append({**row, "change": estimate(change, kind) if n else math.nan, "ci_low": math.nan,
-                             "ci_high": math.nan, "p": math.nan, "test": "none", "note": f"{n} shared seeds: no test"})
-                continue
-            exact = "exact" if n <= EXACT_UP_TO else f"{DRAWS:,} random sign patterns"
-            centre = estimate(change, kind)
-            low, high = interval(change, kind, ALPHA, 2 * metric.span, centre)
-            rows.append({**row, "change": centre, "ci_low": low, "ci_high": high, "p": p_value(change, kind),
-                         "test": f"{TESTS[kind]} ({exact})"})
+            tested = _tested(change, metric.kind, 2 * metric.span, "shared seed")
+            rows.append({"metric": name, "method": method, "reference": reference, "from": first, "to": last,
+                         "n_seeds": len(change), "d": change, "change": tested.pop("difference"), **tested})
     table = pd.DataFrame(rows, columns=[*INTERACTION_COLUMNS, "p", "d"])
     if table.empty:
         return table[INTERACTION_COLUMNS]
@@ -349,14 +357,6 @@ def interaction_table(values: dict[tuple[str, str], pd.DataFrame], reference: st
         lows.append(low), highs.append(high)
     table["verdict"], table["adj_ci_low"], table["adj_ci_high"] = verdicts, lows, highs
     return table[INTERACTION_COLUMNS]
-
-
-def differences_by_seed(method_values: pd.DataFrame, reference_values: pd.DataFrame,
-                        metric: Metric) -> tuple[pd.Series, int, int]:
-    """:func:`differences` indexed by seed."""
-    pairs = _paired(method_values, reference_values, metric)
-    d, cm, cr = differences(method_values, reference_values, metric)
-    return pd.Series(d, index=pairs["seed"].to_numpy()), cm, cr
 
 
 def _key(row, settings: Sequence[str]) -> tuple[str, str]:

@@ -109,6 +109,7 @@ def plan_look(sweep: SweepConfig, payloads: list[dict], uri: str, experiment: st
     left open, read from MLflow by the report's own rules (:func:`fedsweep.reports.write.sweep_tables`);
     numbered after ``payloads``. Returns (the trials, the comparisons still open); no trials where
     every comparison is answered."""
+    from fedsweep.reports.stats import _key
     from fedsweep.reports.write import sweep_tables
     from fedsweep.sweep.checks import reference_method
     plan, order = looks(sweep), seed_order(sweep)
@@ -116,7 +117,6 @@ def plan_look(sweep: SweepConfig, payloads: list[dict], uri: str, experiment: st
     t = sweep_tables(uri, experiment, sweep.name, sweep.report.settings, reference, sweep.report.relative_target,
                      resolution, sweep.report.margin.model_dump(), plan, order)
     open_rows = t.comparisons[t.comparisons["stop_reason"] == "open"]
-    from fedsweep.reports.stats import _key
     config_of = {_key(r, t.best.attrs["settings"]): r["config_id"] for _, r in t.best.iterrows()}
     wanted = list(dict.fromkeys(config_of[(r["setting"], who)] for _, r in open_rows.iterrows()
                                 for who in (r["method"], r["reference"])))

@@ -35,17 +35,18 @@ class Progress:
             self.next = now + PROGRESS_EVERY_S
 
 
-def seeds_note(seeds: int, comparisons: int, alpha: float = 0.05) -> str:
+def seeds_note(seeds: int, comparisons: int, alpha: float = 0.05, who: str = "") -> str:
     """What ``seeds`` confirm seeds cannot show: the report's exact tests (sign-flip, signed-rank) have
     no p below 2 / 2^n with n paired seeds, and Holm's first level over ``comparisons`` is α / m (α:
-    0.05, or a sequential look's share of it)."""
+    0.05, or a sequential look's share of it; ``who``: that look, which then can call nothing)."""
     from fedsweep.reports.stats import smallest_p
     m = max(1, comparisons)
     if smallest_p(seeds) < alpha / m:
         return ""
     fewest = next(n for n in range(2, 64) if smallest_p(n) < alpha / m)
     share = f"{alpha:.3g}/{m}" if alpha != 0.05 else f"0.05/{m}"
-    return (f"with {seeds} confirm seeds no comparison can be called better, worse or equivalent: the exact tests' "
+    cannot = f"{who} can call nothing" if who else "no comparison can be called"
+    return (f"with {seeds} confirm seeds {cannot} better, worse or equivalent: the exact tests' "
             f"smallest p with {seeds} paired seeds is {smallest_p(seeds):.3g}, not below Holm's first level over "
             f"the report's {m} comparison{'s' if m != 1 else ''}, {share} = {alpha / m:.3g}; {fewest} seeds are the "
             "fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)")
@@ -81,25 +82,23 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
         print(f"then a confirm stage: {len(groups) * len(sweep.confirm.seeds):,} trials, the selected config of each "
               f"of {len(groups)} (method, setting) pairs on each of seeds {', '.join(map(str, sweep.confirm.seeds))}",
               file=out)
-        plan = looks(sweep)
         from fedsweep.reports.stats import spent
-        if plan is not None:
-            order = seed_order(sweep)
+        from fedsweep.sweep.checks import reference_method
+        plan, order = looks(sweep) or [len(sweep.confirm.seeds)], seed_order(sweep)
+        levels = spent(plan)                      # [0.05] for one look
+        if len(plan) > 1:
             print(f"  and where a comparison is not answered, {sweep.confirm.step} seeds more at a time for its two "
                   f"configs, at most {len(plan) - 1} times (seeds {', '.join(map(str, order[len(sweep.confirm.seeds):]))}): "
                   f"at most {len(groups) * len(order):,} confirm trials; looks after {', '.join(map(str, plan))} seeds, "
-                  f"each at its share of α = 0.05 ({', '.join(f'{a:.3g}' for a in spent(plan))})", file=out)
-        from fedsweep.sweep.checks import reference_method
+                  f"each at its share of α = 0.05 ({', '.join(f'{a:.3g}' for a in levels)})", file=out)
         reference = reference_method(sweep, first_of_method)
         compared = sum(method != reference for method, _ in groups) if reference is not None else 0
         target = methods[0].config.eval.target_accuracy is not None or sweep.report.relative_target is not None
-        plan = looks(sweep) or [len(sweep.confirm.seeds)]
-        levels = spent(plan) if len(plan) > 1 else [0.05]
         m = compared * (2 if target else 1)
-        note = seeds_note(plan[-1], m, levels[-1]) if compared else ""
-        if compared and not note and len(plan) > 1 and seeds_note(plan[0], m, levels[0]):
-            note = seeds_note(plan[0], m, levels[0]).replace("no comparison can be called", "the first look can call "
-                                                             "nothing", 1)
+        note = ""
+        if compared:
+            note = seeds_note(plan[-1], m, levels[-1]) or (seeds_note(plan[0], m, levels[0], "the first look")
+                                                          if len(plan) > 1 else "")
         if note:
             print(f"note: {note}", file=out)
     if any(t.sampled for t in methods):

@@ -12,73 +12,75 @@ from fedsweep.sweep.progress import show
 from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
 
 
-def plan_first_look(sweep, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id, experiment,
-                  grace):
-    """The confirm stage planned from the tuning trials' runs (once the store holds every write of
-    them, and every tuning trial has ended), kept in the trials and state files (so `--resume` runs
-    exactly it), and its Tune run; None while some tuning trial has not ended (Ctrl-C)."""
+def _every_trial_ended(payloads, client, exp_id, parent_id, grace, what: str) -> bool:
+    """Every trial so far has ended, and the store holds their records (which the next look is planned
+    from); False while some has not (Ctrl-C); ConfigError (``what``) where the store has not taken them."""
     from fedsweep.sweep.callbacks import FINAL_STATUSES, SWEEPS
-    from fedsweep.sweep.confirm import concurrent_slots, confirm_units, plan_confirm
     from fedsweep.sweep.ending import outcomes
     if not SWEEPS[parent_id].writer.drain(grace):
-        raise ConfigError("confirm: the MLflow store has not taken every tuning trial's record, and the selected "
-                          "configs are read from them; --resume plans the confirm stage once it has")
+        raise ConfigError(f"confirm: the MLflow store has not taken every {what}")
     counts = outcomes(client, exp_id, parent_id)
-    if sum(counts.get(s, 0) for s in FINAL_STATUSES) < len(payloads):
-        return None
-    planned = plan_confirm(sweep, payloads, uri, experiment)
+    return sum(counts.get(s, 0) for s in FINAL_STATUSES) >= len(payloads)
+
+
+def _start_look(sweep, payloads, units, planned, store: Storage, state: dict, uri, exp_id, parent_id, look: int,
+                saved_extra: dict):
+    """``planned`` kept in the trials file (as Tune trials packed like the others) and ``look`` in the
+    state file, so that `--resume` runs exactly them; then (the trials, the units, the look's Tune run)."""
+    from fedsweep.sweep.confirm import concurrent_slots, confirm_units
     first = len(units)
     units = units + confirm_units(sweep, planned, concurrent_slots(sweep))
     saved = json.loads(store.read_text(TRIALS_FILE))
-    store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units,
-                                              "confirm_from": [len(payloads), first]}))
-    state["stage"], state["look"] = "confirm", 1
+    store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units, **saved_extra}))
+    state["stage"], state["look"] = "confirm", look
     store.write_text(STATE_FILE, json.dumps(state))
-    packs = f" in {len(units) - first} packs" if len(units) - first < len(planned) else ""
-    show(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
-         f"{', '.join(map(str, sweep.confirm.seeds))}" + (f"; more, up to {sweep.confirm.max_seeds} seeds, where a "
-                                                          "comparison is not answered" if sweep.confirm.max_seeds
-                                                          and sweep.confirm.max_seeds > len(sweep.confirm.seeds)
-                                                          else ""))
     payloads = payloads + planned
     return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
-                                                 exp_id, parent_id)
+                                                 exp_id, parent_id, look)
+
+
+def plan_first_look(sweep, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id, experiment,
+                    grace):
+    """The confirm stage planned from the tuning trials' runs (once the store holds every write of
+    them, and every tuning trial has ended), kept in the trials and state files (so `--resume` runs
+    exactly it), and its Tune run; None while some tuning trial has not ended (Ctrl-C)."""
+    from fedsweep.sweep.confirm import plan_confirm
+    if not _every_trial_ended(payloads, client, exp_id, parent_id, grace, "tuning trial's record, and the selected "
+                              "configs are read from them; --resume plans the confirm stage once it has"):
+        return None
+    planned = plan_confirm(sweep, payloads, uri, experiment)
+    started = _start_look(sweep, payloads, units, planned, store, state, uri, exp_id, parent_id, 1,
+                          {"confirm_from": [len(payloads), len(units)]})
+    added = len(started[1]) - len(units)
+    packs = f" in {added} packs" if added < len(planned) else ""
+    more = sweep.confirm.max_seeds and sweep.confirm.max_seeds > len(sweep.confirm.seeds)
+    show(f"[sweep] confirm stage: {len(planned)} trials{packs}, each method's selected config per setting on seeds "
+         f"{', '.join(map(str, sweep.confirm.seeds))}"
+         + (f"; more, up to {sweep.confirm.max_seeds} seeds, where a comparison is not answered" if more else ""))
+    return started
 
 
 def plan_next_look(sweep, trials, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id,
-                    experiment, grace, look: int):
+                   experiment, grace, look: int):
     """Look ``look`` of a sequential confirm stage (:func:`fedsweep.sweep.confirm.plan_look`): once every
     trial so far has ended and the store holds their records, the next seeds for the configs of the
     comparisons still open, kept in the trials and state files, and its Tune run; None once every
     comparison is answered, the looks are spent, or some trial has not ended (Ctrl-C)."""
-    from fedsweep.sweep.callbacks import FINAL_STATUSES, SWEEPS
-    from fedsweep.sweep.confirm import concurrent_slots, confirm_units, looks, plan_look, seed_order
-    from fedsweep.sweep.ending import outcomes
+    from fedsweep.sweep.confirm import looks, plan_look, seed_order
     plan = looks(sweep)
     if plan is None or look > len(plan):
         return None
-    if not SWEEPS[parent_id].writer.drain(grace):
-        raise ConfigError("confirm: the MLflow store has not taken every confirm trial's record, which decide which "
-                          "comparisons need more seeds; --resume goes on once it has")
-    counts = outcomes(client, exp_id, parent_id)
-    if sum(counts.get(s, 0) for s in FINAL_STATUSES) < len(payloads):
+    if not _every_trial_ended(payloads, client, exp_id, parent_id, grace, "confirm trial's record, which decide "
+                              "which comparisons need more seeds; --resume goes on once it has"):
         return None
     resolution = max(t.config.eval.every for t in trials)
     planned, still_open = plan_look(sweep, payloads, uri, experiment, look, resolution)
     if not planned:
         show(f"[sweep] confirm stage: every comparison answered after {plan[look - 2]} seeds")
         return None
-    first = len(units)
-    units = units + confirm_units(sweep, planned, concurrent_slots(sweep))
-    saved = json.loads(store.read_text(TRIALS_FILE))
-    store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units}))
-    state["look"] = look
-    store.write_text(STATE_FILE, json.dumps(state))
+    started = _start_look(sweep, payloads, units, planned, store, state, uri, exp_id, parent_id, look, {})
     seeds = seed_order(sweep)[plan[look - 2]:plan[look - 1]]
-    configs = len({p["config_id"] for p in planned})
     show(f"[sweep] confirm look {look} of {len(plan)}: {still_open} comparison{'s' if still_open != 1 else ''} "
-         f"not answered after {plan[look - 2]} seeds; {len(planned)} trials, {configs} configs on seeds "
-         f"{', '.join(map(str, seeds))}")
-    payloads = payloads + planned
-    return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
-                                                 exp_id, parent_id, look)
+         f"not answered after {plan[look - 2]} seeds; {len(planned)} trials, {len({p['config_id'] for p in planned})} "
+         f"configs on seeds {', '.join(map(str, seeds))}")
+    return started
