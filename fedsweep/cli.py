@@ -219,7 +219,7 @@ def _dispatch(args) -> int:
             return 130
         return unlogged or (0 if summary["status"] == "finished" else 3)
     if args.command == "log":
-        from fedsweep.runs.live import log_unlogged
+        from fedsweep.runs.kept import log_unlogged
         return log_unlogged(args.folder, args.tracking_uri, args.experiment)
     if args.command == "tune":
         if args.all and not args.dry_run:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import struct
 
 import numpy as np
@@ -84,6 +85,22 @@ def no_report_after_tune(monkeypatch):
     whose sweeps are there for something else (~3 s each, 50 sweeps); the tests of that report turn
     it back on (monkeypatch.delenv)."""
     monkeypatch.setenv("FEDSWEEP_NO_REPORT", "1")
+
+
+REPO = Path(__file__).resolve().parent.parent
+#: What runs write into the folder they run in: never into the repository (.gitignore lists them too).
+RUN_OUTPUTS = ("mlruns", "mlartifacts", "mlflow.db", "fedsweep_runs", "fedsweep_unlogged", "reports", "lightning_logs")
+
+
+@pytest.fixture(autouse=True)
+def no_run_outputs_in_the_repository():
+    """A test whose runs write into the repository (an MLflow experiment made without an artifact
+    location puts its artifacts under ./mlruns of the working folder, the repository's under pytest)
+    fails, naming what it left."""
+    before = {name for name in RUN_OUTPUTS if (REPO / name).exists()}
+    yield
+    left = [name for name in RUN_OUTPUTS if (REPO / name).exists() and name not in before]
+    assert not left, f"the test left run outputs in the repository: {', '.join(left)}"
 
 
 @pytest.fixture(autouse=True)

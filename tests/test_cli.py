@@ -121,6 +121,16 @@ def test_missing_data_folder_and_config_file(tmp_path, capsys):
     assert "config file not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content", [bytes(range(256)), b"name: x\x00\n"])
+def test_a_file_that_is_not_text_is_one_line(tmp_path, capsys, content):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(content)
+    for argv in (["run", str(path)], ["tune", str(path), "--dry-run"], ["report", str(path)], ["config", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"{path}: not a text file" in err and len(err.splitlines()) == 1, (argv, err)
+
+
 def test_config_command_prints_resolved_defaults(tmp_path, capsys):
     assert main(["config", write(tmp_path, tiny_raw(algorithm={"name": "fedlga"}))]) == 0
     resolved = yaml.safe_load(capsys.readouterr().out)

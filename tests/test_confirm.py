@@ -63,6 +63,13 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
            "0.05/4 = 0.0125; 8 seeds are the fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)" in out
     assert main(["tune", write(tmp_path, confirm={"seeds": list(range(10, 18))}), "--dry-run"]) == 0
     assert "note:" not in capsys.readouterr().out
+    # what the confirm stage would refuse, refused before any trial runs; a boolean is not a seed
+    assert main(["tune", write(tmp_path, confirm={"seeds": [-3]}), "--dry-run"]) == 2
+    assert "confirm.seeds: seed -3: Input should be greater than or equal to 0" in capsys.readouterr().err
+    assert main(["tune", write(tmp_path, confirm={"seeds": [True]}), "--dry-run"]) == 2
+    assert "confirm.seeds.0: Input should be a valid integer (got True)" in capsys.readouterr().err
+    assert main(["tune", write(tmp_path, seeds=[False], confirm={"seeds": [10]}), "--dry-run"]) == 2
+    assert "seeds.0: Input should be a valid integer (got False)" in capsys.readouterr().err
 
 
 def test_confirm_trials_are_packed_as_the_tuning_ones_into_enough_packs_for_every_slot(tmp_path):

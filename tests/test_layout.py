@@ -48,3 +48,19 @@ def test_no_module_is_long():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 450}
     assert not long, f"modules over 450 lines (split them by role): {long}"
+
+
+def test_no_run_outputs_are_tracked():
+    """Run stores, checkpoints and kept MLflow records never enter the repository (.gitignore)."""
+    import subprocess
+    repo = PACKAGE.parent
+    if not (repo / ".git").exists():
+        return   # an installed copy without its history: nothing is tracked
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    outputs = [f for f in tracked if f.split("/")[0] in ("mlruns", "mlartifacts", "fedsweep_runs", "fedsweep_unlogged",
+                                                         "lightning_logs", "reports")
+               or f.endswith((".ckpt", "mlflow.db", "model.pt"))]
+    assert not outputs, f"run outputs tracked by git: {outputs[:5]}"
+    ignored = subprocess.run(["git", "check-ignore", "mlruns/1/x", "mlflow.db", "fedsweep_runs/s/x", "fedsweep_unlogged/r",
+                              "last.ckpt", "reports/s/report.md"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(ignored.split()) == 6, ignored

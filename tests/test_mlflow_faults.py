@@ -171,7 +171,7 @@ def test_a_full_store_keeps_the_run_on_disk_and_fedsweep_log_writes_it_later(tmp
 def test_a_deleted_experiment_is_refused_before_training_and_mid_run_keeps_the_run(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = client_of(uri)
-    client.delete_experiment(client.create_experiment("faults"))
+    client.delete_experiment(client.create_experiment("faults", artifact_location=(tmp_path / "art").as_uri()))
     cfg = write_run(tmp_path, uri, rounds=2)
     capsys.readouterr()                                 # MLflow's own lines as it made the store here
     assert main(["run", cfg, "--quiet"]) == 2

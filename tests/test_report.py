@@ -193,6 +193,22 @@ def test_write_report_without_target(store_plain, tmp_path):
     assert (tmp_path / "rounds_to_target.png").stat().st_size > 10_000
 
 
+def test_a_sweep_whose_every_run_diverged_says_nothing_was_selected(tmp_path):
+    """Runs with a validation split that all diverge before it is read: the report says what happened,
+    not that the runs have no validation split."""
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp_id, run_name=SWEEP, tags={"fedsweep.role": "sweep", "fedsweep.sweep": SWEEP})
+    for lr in (0.05, 0.1):
+        for seed in (0, 1):
+            _log_trial(client, exp_id, parent.info.run_id, "fedavg", 0.1, lr, seed, 0.1, None, "diverged", True)
+    text = write_report(uri, EXPERIMENT, SWEEP, tmp_path / "out").read_text()
+    assert "nothing was selected: every tuning run diverged or failed" in text
+    assert "no validation split" not in text
+
+
 def test_missing_experiment_or_sweep_is_one_line_config_error(store_target):
     with pytest.raises(ConfigError, match=r"no MLflow experiment 'nope' in store sqlite:///.*fedsweep tune") as e:
         load_trials(store_target, "nope", SWEEP)
@@ -233,7 +249,7 @@ def test_a_sweep_whose_trials_all_failed_is_one_line_naming_the_error(tmp_path):
     from mlflow import MlflowClient
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment(EXPERIMENT)
+    exp = client.create_experiment(EXPERIMENT, artifact_location=(tmp_path / "artifacts").as_uri())
     for lr, error in ((0.1, "data.num_clients: N=5000 clients but only 1437 training samples"),
                       (0.2, "data.num_clients: N=5000 clients but only 1437 training samples"), (0.3, "")):
         run = client.create_run(exp, tags={"fedsweep.role": "trial", "fedsweep.sweep": SWEEP,

@@ -39,7 +39,8 @@ def _store_with_a_run(tmp_path, experiment="exp"):
     from mlflow import MlflowClient
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    run = client.create_run(client.create_experiment(experiment), run_name="a run")
+    run = client.create_run(client.create_experiment(experiment, artifact_location=(tmp_path / "art").as_uri()),
+                            run_name="a run")
     client.log_metric(run.info.run_id, "test/accuracy", 0.5)
     return uri, run
 

@@ -367,7 +367,16 @@ def load_yaml(path: str | Path) -> dict | None:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    raw = parse_yaml(path.read_text(), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8 text); a config or sweep file is "
+                          "YAML text") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: not a text file (it holds NUL bytes); a config or sweep file is YAML text")
+    raw = parse_yaml(text, str(path))
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
     return raw

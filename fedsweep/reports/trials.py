@@ -76,6 +76,8 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str, parent_ru
     from mlflow import MlflowClient
 
     uri = check_existing_store(tracking_uri)   # MLflow would create a missing store
+    from fedsweep.runs.orphans import end_orphaned_runs
+    end_orphaned_runs(uri)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage != "active":

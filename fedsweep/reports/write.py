@@ -240,7 +240,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         f"- trials: {len(trials)} ({counts})" + (f"; {dupes} superseded duplicate run(s) ignored" if dupes else ""),
         f"- generated: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         f"- best config per method: {rule_text}",
-        f"- {_splits_text(configs.attrs['selected_on'], best)}",
+        f"- {_splits_text(configs.attrs['selected_on'], best, trials)}",
         f"- settings (compared, not tuned; best config chosen per setting): "
         f"{', '.join(f'`{k}`' for k in settings) or 'none'}",
         f"- tuned params: {', '.join(f'`{k}`' for k in tuned) or 'none'}",
@@ -338,8 +338,11 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
         print(f"report: written to {out}, but not onto the sweep's MLflow parent run {run_id} ({first})", file=sys.stderr)
 
 
-def _splits_text(split: str, best: pd.DataFrame) -> str:
+def _splits_text(split: str, best: pd.DataFrame, trials: pd.DataFrame) -> str:
     """Which split selected each method's config and which runs its numbers come from."""
+    tuning = trials[trials["stage"] == "tune"] if "stage" in trials else trials
+    if not tuning["status"].isin(["finished", "stopped"]).any():
+        return "nothing was selected: every tuning run diverged or failed, so none has a result to select by"
     if split == "validation":
         chose = ("selected on the validation split (best validation accuracy; rounds to the target on "
                  "validation); scored on the test split, each run at its round of best validation accuracy")

@@ -10,13 +10,15 @@ whole run is kept in a folder and ``fedsweep log FOLDER`` writes it later: :func
 """
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.runs.kept import keep_unlogged, kept_records_of, log_unlogged
+from fedsweep.runs.store_errors import silence
 from fedsweep.runs.writer import Writer
 
 KEY = "run"
@@ -25,7 +27,6 @@ KEY = "run"
 START_WAIT_S = 5.0
 #: Metric rows reach MLflow at most this often while a run trains (runs/writer.py says why).
 ROWS_EVERY_S = 5.0
-UNLOGGED = "fedsweep_unlogged"
 
 
 class LiveRun:
@@ -35,14 +36,15 @@ class LiveRun:
     slow store has not answered yet (default stderr); the Python API's quiet run gives a sink.
     ``say``: where the store's faults are said (default stderr)."""
 
-    def __init__(self, cfg: RunConfig, uri: str, identity: dict, say=None, out=None):
-        self.cfg, self.uri, self.identity = cfg, uri, identity
+    def __init__(self, cfg: RunConfig, uri: str, identity: dict, say=None, out=None, checkpoint_dir=None):
+        self.cfg, self.uri, self.identity, self.checkpoint_dir = cfg, uri, identity, checkpoint_dir
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.out = out
         self.writer = Writer(uri, say=self.say, rows_every=ROWS_EVERY_S)
         self.sent = 0
         self.engine_logged = False
         self.started = False
+        self.beating = threading.Event()   # set: the heartbeat stops
 
     @property
     def name(self) -> str:
@@ -50,17 +52,27 @@ class LiveRun:
 
     def _open(self, writer: Writer, reopen: str | None) -> None:
         from fedsweep.config.plugins import plugin_tags, records
+        from fedsweep.runs.orphans import writer_tags
         writer.open_run(KEY, self.cfg.mlflow.experiment, self.name, reopen=reopen,
                         tags={"fedsweep.status": "running", "fedsweep.algorithm": self.cfg.algorithm.name,
-                              "fedsweep.run_uid": self.identity["run_uid"], **plugin_tags(records(self.cfg.plugins))},
+                              "fedsweep.run_uid": self.identity["run_uid"], **plugin_tags(records(self.cfg.plugins)),
+                              **writer_tags(self.checkpoint_dir)},
                         params=self.cfg.flat(), config=self.cfg.model_dump(mode="json"))
 
     def start(self) -> None:
         """Create (or reopen) the run; wait up to :data:`START_WAIT_S` for the store, so that a store
         that refuses the run for good (a deleted experiment) is said in one line before any training."""
+        from fedsweep.runs.orphans import end_orphaned_runs
+        # Runs of killed processes in this store end KILLED (off the training's path: a locked store
+        # would hold it up to 20 s a query)
+        threading.Thread(target=end_orphaned_runs, args=(self.uri, self.say), daemon=True,
+                         name="fedsweep-orphans").start()
+        if "tracking_uri" in self.identity:   # a resumed run: what an earlier process of it kept goes first
+            self._log_kept()
         same_store = self.identity.get("tracking_uri") == self.uri
         self._open(self.writer, self.identity.get("mlflow_run_id") if same_store else None)
         self.started = True
+        threading.Thread(target=self._heartbeat, daemon=True, name="fedsweep-heartbeat").start()
         self.identity["tracking_uri"] = self.uri
         if self.writer.drain(START_WAIT_S):
             self.identity["mlflow_run_id"] = self.writer.run_id(KEY)
@@ -79,6 +91,41 @@ class LiveRun:
             print(line, file=self.out or sys.stderr, flush=True)
         else:
             self.say(line)
+
+    def _heartbeat(self) -> None:
+        """``fedsweep.heartbeat`` every :data:`~fedsweep.runs.orphans.HEARTBEAT_S` seconds while the run
+        lives: how a command on another machine tells a live run from a killed one."""
+        from fedsweep.runs.orphans import HEARTBEAT_S
+        while not self.beating.wait(HEARTBEAT_S):
+            self.writer.batch(KEY, tags={"fedsweep.heartbeat": str(int(time.time()))})
+
+    def _log_kept(self) -> None:
+        """The records an earlier process of this run kept on disk (its store failed: exit 5, or Ctrl-C
+        while it waited), written now, before the run goes on: the resumed run then continues the
+        MLflow run they begin, and ``fedsweep log`` of their folder says they are logged. While the
+        store still fails they stay kept (one line says so) and the run goes on without them."""
+        import io
+        import json
+        for folder in kept_records_of(self.identity["run_uid"]):
+            try:
+                record_uri = json.loads((folder / "records.json").read_text()).get("tracking_uri")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if record_uri != self.uri:
+                self.say(f"fedsweep: records of this run kept in {folder} are for the store at {record_uri}, not "
+                         f"{self.uri}; log them there with: fedsweep log {folder}")
+                continue
+            try:
+                log_unlogged(folder, out=io.StringIO())
+            except ConfigError as e:
+                self.say(f"fedsweep: the records of this run kept in {folder} cannot be written yet ({e}); "
+                         "the run goes on and they stay kept")
+                continue
+            ids = json.loads((folder / "logged.json").read_text()).get("ids", {})
+            if ids.get(KEY):
+                self.identity["mlflow_run_id"] = ids[KEY]
+                self.say(f"fedsweep: wrote the records an earlier process of this run kept in {folder}; "
+                         f"it continues MLflow run {ids[KEY]}")
 
     def callback(self):
         """The Lightning callback that sends the metric rows at each evaluation (and where a run
@@ -114,6 +161,7 @@ class LiveRun:
         the store takes it within ``grace`` seconds."""
         if not self.started:
             return
+        self.beating.set()
         from fedsweep.runs.tracking import MLFLOW_STATUS
         status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         line = (str(error).strip().splitlines() or [""])[-1]
@@ -127,6 +175,7 @@ class LiveRun:
         """The last rows, the artifacts (``files``), the summary and the status. Returns (experiment id,
         run id) once the store has all of it; else, after ``mlflow.retry_seconds`` (or at once when
         the store refuses the run for good, or on Ctrl-C), the folder the whole run is kept in."""
+        self.beating.set()
         self.send(module)
         self._final(self.writer, summary, files)
         try:
@@ -136,7 +185,8 @@ class LiveRun:
         if done:
             return self.writer.experiment_id(self.cfg.mlflow.experiment), self.writer.run_id(KEY)
         return keep_unlogged(self._whole_run(module, summary, files), self.name,
-                             cause=self.writer.failure[0] if self.writer.failure else "no answer")
+                             cause=self.writer.failure[0] if self.writer.failure else
+                             silence(self.cfg.mlflow.retry_seconds))
 
     def _whole_run(self, module, summary: dict, files: dict[str, bytes]) -> Writer:
         """Every write of the run, from its creation (or the reopening of the MLflow run the store
@@ -167,7 +217,7 @@ def end_run(live: LiveRun, module, summary: dict, out) -> None:
         ended = live.finish(module, summary, files)
     except OSError as e:   # the store failed and no folder could keep its records either
         ended = e
-    cause = live.writer.failure[0] if live.writer.failure else "no answer"
+    cause = live.writer.failure[0] if live.writer.failure else silence(cfg.mlflow.retry_seconds)
     if isinstance(ended, OSError):
         summary["mlflow_unlogged"] = ""
         print(f"fedsweep: the MLflow store at {uri} did not take this run ({cause}), and its records could not be "
@@ -190,53 +240,3 @@ def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp))
         return artifact_dict(Path(tmp))
-
-
-def keep_unlogged(writer: Writer, name: str, cause: str) -> Path:
-    """Save ``writer``'s waiting writes under ``./fedsweep_unlogged/<time>-<name>`` (or the temp
-    folder if the working folder cannot take them); returns the folder. Raises OSError if neither can."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "run"
-    last = None
-    for base in (Path.cwd() / UNLOGGED, Path(tempfile.gettempdir()) / UNLOGGED):
-        folder = base / f"{stamp}-{safe}"
-        n = 1
-        while folder.exists():
-            n += 1
-            folder = base / f"{stamp}-{safe}-{n}"
-        try:
-            return writer.save(folder, cause)
-        except OSError as e:
-            last = e
-    raise last
-
-
-def log_unlogged(folder: str | Path, uri: str | None = None, experiment: str | None = None, out=None) -> int:
-    """``fedsweep log FOLDER``: write the MLflow records a run or a sweep kept there (to the store
-    and experiment they were meant for, or ``uri`` and ``experiment``); 0 once all are written."""
-    import json
-
-    from fedsweep.runs.tracking import check_store
-    from fedsweep.runs.writer import RECORDS, load, replay
-    out = out or sys.stdout
-    folder = Path(folder)
-    if (folder / "logged.json").is_file() and not (folder / RECORDS).is_file():
-        ids = json.loads((folder / "logged.json").read_text()).get("ids", {})
-        print(f"{folder}: already logged (MLflow run {', '.join(ids.values()) or '?'}); the folder can be deleted",
-              file=out)
-        return 0
-    if not (folder / RECORDS).is_file():
-        raise ConfigError(f"{folder}: no {RECORDS} there: not a folder of records fedsweep kept for MLflow")
-    try:
-        record = json.loads((folder / RECORDS).read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{folder}/{RECORDS}: cannot be read ({e})") from None
-    target = check_store(uri or record["tracking_uri"], key="--tracking-uri" if uri else "the records' store",
-                         experiment=experiment)
-    writer = load(record, folder, target, experiment)
-    n = replay(writer)
-    (folder / "logged.json").write_text(json.dumps({"tracking_uri": target, "ids": writer.ids}))
-    (folder / RECORDS).unlink()
-    print(f"logged {n} records to MLflow run {', '.join(writer.ids.values())} at {target}; {folder} can be deleted",
-          file=out)
-    return 0

@@ -342,7 +342,7 @@ def _run(cfg: RunConfig, uri: str | None, identity: dict, *, output_json, progre
         if uri.startswith(("http://", "https://")):   # a server gone mid-run: fail each try in seconds,
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")   # not MLflow's ~4 min (7)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")      # (120 s per request)
-        live = LiveRun(cfg, uri, identity, out=out)
+        live = LiveRun(cfg, uri, identity, out=out, checkpoint_dir=ckpt_dir)
     t0 = time.perf_counter()
     try:
         module = train(cfg, progress=progress, ckpt_dir=ckpt_dir, ckpt_every=ckpt_every, resume=resume,

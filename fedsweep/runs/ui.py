@@ -123,6 +123,8 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
     else:
         check_port(host, port)
     quiet_store_logs()
+    from fedsweep.runs.orphans import end_orphaned_runs
+    end_orphaned_runs(resolved)   # a killed run shown RUNNING for ever would mislead
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host   # an address a browser here opens
     pages = experiment_pages(resolved, experiment, port, shown, sweep)
     if run_id is not None:

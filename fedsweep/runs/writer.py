@@ -26,31 +26,12 @@ from collections import deque
 from pathlib import Path
 
 from fedsweep.config.schema import ConfigError
+from fedsweep.runs.store_errors import Refused, cause, permanent
 
-#: MLflow's words for errors that retrying will not mend: a deleted run or experiment, a value it
-#: refuses. Anything else (a locked or full store, a server that does not answer) may pass.
-PERMANENT_CODES = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "INVALID_STATE",
-                   "RESOURCE_ALREADY_EXISTS", "PERMISSION_DENIED", "UNAUTHENTICATED")
 MAX_PAUSE = 30.0
+#: Seconds the last writes may take before "waiting up to ... for the store" is said (no failure seen).
+QUIET_WAIT_S = 5.0
 RECORDS = "records.json"
-
-
-class Refused(Exception):
-    """An operation the store refuses for good (a deleted experiment, say): retrying cannot mend it."""
-
-
-def cause(error: BaseException) -> str:
-    """An error in one line: its first line, without SQLAlchemy's statement, at most 200 characters."""
-    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    if len(text) > 200 and not isinstance(error, Refused):
-        text = text[:199] + "…"
-    if "Current state is deleted" in text:   # MLflow's words for a run of a deleted experiment
-        text += " (its experiment was deleted in MLflow: `mlflow experiments restore --experiment-id N` brings it back)"
-    return text
-
-
-def permanent(error: BaseException) -> bool:
-    return isinstance(error, Refused) or getattr(error, "error_code", None) in PERMANENT_CODES
 
 
 class Writer:
@@ -217,15 +198,32 @@ class Writer:
                 self._cv.wait(min(left, 1.0))
             return True
 
+    def announce_wait(self, grace: float) -> float:
+        """One line, once, when writes still wait and the caller is about to wait up to ``grace``
+        seconds for them: a driver that stops there says why it is not done. With no failure seen,
+        the line waits :data:`QUIET_WAIT_S` for the last writes first (at a run's end they go
+        through at once). Returns the seconds spent waiting here."""
+        if grace <= 0 or not self.ops or getattr(self, "_announced", False):
+            return 0.0
+        start = time.monotonic()
+        if self.failure is None and self.drain(min(QUIET_WAIT_S, grace)):
+            return time.monotonic() - start
+        if not self.ops or (self.failure is not None and self.failure[1]):
+            return time.monotonic() - start   # done, or refused for good: not waited for
+        self._announced = True
+        why = self.failure[0] if self.failure is not None else "a write under way has not come back"
+        left = max(grace - (time.monotonic() - start), 0.0)
+        self.say(f"MLflow: waiting up to {_seconds(left)} for the store ({why}); {len(self.ops)} writes wait, "
+                 "then what is left is kept on disk")
+        return time.monotonic() - start
+
     def close(self, grace: float) -> bool:
         """Wait up to ``grace`` seconds for the writes, then stop the thread; True if all were made.
         What is left waits in :attr:`ops` for :meth:`save`."""
         with self._cv:
             self._hurry = True
             self._cv.notify_all()
-        if grace > 0 and self.ops and self.failure is not None and not self.failure[1]:
-            self.say(f"MLflow: waiting up to {_seconds(grace)} for the store ({self.failure[0]})")
-        done = self.drain(grace)
+        done = self.drain(max(grace - self.announce_wait(grace), 0.0))
         with self._cv:
             self._stop = True
             self._cv.notify_all()
@@ -259,33 +257,71 @@ class Writer:
         key = op["run"]
         if key not in self.ids:
             exp_id = op.get("experiment_id") or self._experiment(op["experiment"])
-            run = self._reopened(op, exp_id) if op.get("reopen") else None
+            run = None
+            for earlier in self._earlier_runs(op, exp_id):
+                run = self._reopened(op, exp_id, earlier)
+                if run is not None:
+                    break
             if run is None:
                 run = self.client.create_run(exp_id, run_name=op["name"], tags=op["tags"])
                 self.ids[key], self.through[key] = run.info.run_id, 0
                 if op.get("config"):
                     self.client.log_inputs(run.info.run_id, datasets=[dataset_input(op["config"])])
+                if op.get("reopen"):   # the earlier run cannot be continued: it ends, pointing here
+                    self._superseded(op["reopen"], run.info.run_id)
         have = self.client.get_run(self.ids[key]).data.params
         log_params(self.client, self.ids[key], {k: v for k, v in op["params"].items() if k not in have})
 
-    def _reopened(self, op: dict, exp_id: str):
-        """The earlier run ``op['reopen']`` set running again, or None if the store lost it."""
+    def _earlier_runs(self, op: dict, exp_id: str) -> list[str]:
+        """The MLflow runs an ``open`` may continue: ``reopen`` (the run a resumed training began),
+        then the experiment's runs of the same training (``fedsweep.run_uid``), newest first: a
+        creation cut off after the store made the run (a process that ended while its write waited on
+        a lock) is continued, not made twice, when its kept records are written."""
+        runs = [op["reopen"]] if op.get("reopen") else []
+        uid = op["tags"].get("fedsweep.run_uid")
+        if uid:
+            found = self.client.search_runs([exp_id], filter_string=f"tags.`fedsweep.run_uid` = '{uid}'",
+                                            order_by=["attributes.start_time DESC"], max_results=20)
+            runs += [r.info.run_id for r in found if r.info.run_id not in runs]
+        return runs
+
+    def _reopened(self, op: dict, exp_id: str, run_id: str):
+        """The earlier run ``run_id`` set running again to continue this training, or None where it
+        cannot be (the store lost it; other params)."""
         from mlflow.exceptions import MlflowException
         try:
-            run = self.client.get_run(op["reopen"])
+            run = self.client.get_run(run_id)
         except MlflowException as e:
             if getattr(e, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
                 raise
             return None
         if run.info.lifecycle_stage != "active" or run.info.experiment_id != exp_id:
             return None
-        if any(run.data.params.get(k, v) != v for k, v in op["params"].items()):
-            return None   # params cannot change in MLflow: a run continued with other ones (more rounds) is a new run
+        # Params cannot change in MLflow: a run continued with other ones (more rounds) is a new run.
+        # The mlflow.* keys say where and how the run is recorded, not what trains: a run resumed with
+        # another retry_seconds or run_name is the same training, continued, and they become tags.
+        if any(run.data.params.get(k, v) != v for k, v in op["params"].items() if not k.startswith("mlflow.")):
+            return None
+        changed = {f"fedsweep.resumed_with.{k}": v for k, v in op["params"].items()
+                   if k.startswith("mlflow.") and run.data.params.get(k, v) != v}
         self.ids[op["run"]] = run.info.run_id
         self._id(op)   # the rounds it holds
         self.client.update_run(run.info.run_id, status="RUNNING")
-        self._set_tags(run.info.run_id, op["tags"])
+        self._set_tags(run.info.run_id, {**op["tags"], **changed})
         return run
+
+    def _superseded(self, old_id: str, new_id: str) -> None:
+        """A resumed run's earlier MLflow run, which the resume could not continue (other params, or
+        another experiment): never left RUNNING, and it names the run that goes on."""
+        from mlflow.exceptions import MlflowException
+        try:
+            old = self.client.get_run(old_id)
+        except MlflowException:
+            return
+        self._set_tags(old_id, {"fedsweep.continued_in": new_id,
+                                **({"fedsweep.status": "interrupted"} if old.info.status == "RUNNING" else {})})
+        if old.info.status == "RUNNING":
+            self.client.set_terminated(old_id, status="KILLED")
 
     def _experiment(self, name: str) -> str:
         if name not in self._experiments:
@@ -371,49 +407,6 @@ class Writer:
         tmp.write_text(json.dumps(record, default=str))
         tmp.replace(folder / RECORDS)
         return folder
-
-
-def load(record: dict, folder: Path | None = None, uri: str | None = None, experiment: str | None = None) -> Writer:
-    """A :class:`Writer` holding the writes ``record`` (what :meth:`Writer.save` kept in ``folder``) leaves to make, against ``uri`` (default the store they were
-    meant for) and, for the runs they create, ``experiment`` (default the one they were meant for).
-    Runs already created keep their ids only in that same store."""
-    target = uri or record["tracking_uri"]
-    writer = Writer(target, start=False)
-    if target == record["tracking_uri"]:
-        writer.ids.update(record.get("ids", {}))
-    for i, op in enumerate(record["ops"]):
-        if op["op"] == "files":
-            op = {**op, "files": {n: (folder / "files" / str(i) / n).read_bytes() for n in op["files"]}}
-        if op["op"] == "open" and experiment:
-            op = {**op, "experiment": experiment, "experiment_id": None}
-        writer.ops.append(op)
-    if target != record["tracking_uri"]:
-        _refuse_runs_begun_elsewhere(writer, record)
-    return writer
-
-
-def _refuse_runs_begun_elsewhere(writer: Writer, record: dict) -> None:
-    """Writes meant for runs another store holds, sent to a new store: each such run is made there
-    anew from its first kept ``open`` (one exists where the run was created by the kept writes)."""
-    missing = {op["run"] for op in writer.ops if "run" in op} - {op["run"] for op in writer.ops if op["op"] == "open"}
-    if missing:
-        raise ConfigError(f"--tracking-uri: {len(missing)} of these runs were already begun in "
-                          f"{record['tracking_uri']}; their earlier records are there, so log them to that store")
-
-
-def replay(writer: Writer, say=None) -> int:
-    """Make every write ``writer`` holds, here and now, in order; returns how many. Raises
-    :class:`ConfigError` with the store's error and how many writes are still left if one fails."""
-    made = 0
-    while writer.ops:
-        try:
-            writer.apply(writer.ops[0])
-        except Exception as e:  # noqa: BLE001 - the store's words, in one line
-            raise ConfigError(f"MLflow store {writer.uri}: {cause(e)}; {len(writer.ops)} writes are still "
-                              f"to make (nothing is lost: run this again once the store works)") from None
-        writer.ops.popleft()
-        made += 1
-    return made
 
 
 def whole_rounds(rows: list[dict], limit: int = 1000) -> list[list[dict]]:

@@ -73,6 +73,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.drawn: dict[tuple, dict] = {}      # -> the artifacts of its final report (name -> bytes)
             self.ended: dict[int, tuple[str, str]] = {}   # sweep trial -> (status, error) it ended with here
             self.tune_trials: list = []             # Tune's trials, as of the experiment's end
+            self.settled = False                    # a restored sweep's ended trials looked at (_settle)
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
             # Imported here, not read as a global: cloudpickle copies a global the class's methods read
@@ -158,6 +159,34 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             if missing:
                 self.writer.batch(run, params=missing)
 
+        def on_step_begin(self, iteration, trials, **info):
+            if self.restored and not self.settled:
+                self._settle(trials)
+
+        def _settle(self, trials) -> None:
+            """A resumed sweep's trials that Tune holds as ended, whose MLflow runs are not final (or do
+            not exist): their driver was killed after Tune's snapshot and before its writes went through
+            (a store locked, or a kill right after the ``[finished]`` line). Tune replays nothing of
+            them, so they are finished here, before any trial runs, from their last checkpoint, which
+            each trial writes to the storage before its final report: every round, the summary and
+            the artifacts, as the driver would have written them."""
+            self.settled = True
+            settled = 0
+            for trial in trials:
+                if trial.status != "TERMINATED":   # the others Tune runs again, or retries (errored)
+                    continue
+                for index in self.units[trial.config["trial"]]:
+                    key = (trial.trial_id, index)
+                    self._run_for(trial, index)
+                    if key in self.closed:
+                        continue
+                    part = (trial.last_result or {}).get("members", {}).get(str(index), {})
+                    self._finish(trial, index, member_status(trial, index), part.get("error", ""))
+                    settled += 1
+            if settled:
+                print(f"[mlflow] finishing the runs of {settled} trial(s) that ended before the sweep was "
+                      "interrupted, from their checkpoints", file=sys.stderr, flush=True)
+
         def on_trial_start(self, iteration, trials, trial, **info):
             for index in self.units[trial.config["trial"]]:
                 self._run_for(trial, index)
@@ -188,6 +217,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.flush(key)
 
         def on_experiment_end(self, trials, **info):
+            if self.restored and not self.settled:   # every trial had ended: Tune took no step
+                self._settle(trials)
             self.tune_trials = list(trials)
             self.flush()            # Tune calls this after an interruption (Ctrl-C) too
 
@@ -235,6 +266,11 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 if history:
                     summary = {**summarize(cfg, history, diverged=status == "diverged"), "status": status}
                     drawn = _artifacts_from(cfg, history, client_log, summary)
+                    # rounds the checkpoint holds and no report brought (a killed driver's trial)
+                    unsent = [r for r in history if r["round"] > self.logged.get(key, 0)]
+                    if unsent:
+                        self.pending.setdefault(key, []).extend(unsent)
+                        self.logged[key] = unsent[-1]["round"]
                 elif status != "failed":   # a run with a result, and nothing to show of it
                     last = "its final report carried none" if status != "stopped" else "stopped by the scheduler"
                     tags["fedsweep.status"] = status = "incomplete"

@@ -34,7 +34,7 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
         writer.adopt(PARENT, parent_id)
     interrupted = callback.close_open_runs() if callback is not None else 0
     counts, deadline = None, time.monotonic() + grace
-    if writer.drain(grace):   # the store has every write: its runs are the truth
+    if writer.drain(max(grace - writer.announce_wait(grace), 0.0)):   # the store has every write: its runs are the truth
         try:
             interrupted += _close_interrupted(client, exp_id, parent_id)
             counts = outcomes(client, exp_id, parent_id)
@@ -46,8 +46,9 @@ def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, unit
     writer.end(PARENT, "FINISHED" if unfinished == 0 and stopped is None else "KILLED")
     result = {**counts, "unfinished": unfinished, "interrupted_runs": interrupted}
     if not writer.close(max(deadline - time.monotonic(), 0.0)):
-        from fedsweep.runs.live import keep_unlogged
-        cause = writer.failure[0] if writer.failure else "no answer"
+        from fedsweep.runs.kept import keep_unlogged
+        from fedsweep.runs.store_errors import silence
+        cause = writer.failure[0] if writer.failure else silence(grace)
         try:
             result["unlogged"] = str(keep_unlogged(writer, name, cause))
         except OSError as e:
@@ -146,11 +147,22 @@ def replay_unlogged(state: dict, uri: str) -> int:
     import os
     from pathlib import Path
 
-    from fedsweep.runs.writer import RECORDS, load, replay
+    from fedsweep.runs.kept import load, replay
+    from fedsweep.runs.writer import RECORDS
     folder = state.get("unlogged")
     if not folder or not os.path.isfile(os.path.join(folder, RECORDS)):
         return 0
-    record = json.loads((Path(folder) / RECORDS).read_text())
+    from fedsweep.runs.kept import damaged
+    try:
+        record = json.loads((Path(folder) / RECORDS).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume: the MLflow writes this sweep kept in {folder} cannot be read ({e}); "
+                          "move the folder away to go on without them") from None
+    problem = damaged(record, Path(folder))
+    if problem:
+        raise ConfigError(f"--resume: the MLflow writes this sweep kept in {folder} are damaged ({problem}); "
+                          "move the folder away to go on without them (the trials' runs are finished from "
+                          "their checkpoints)")
     try:
         made = replay(load(record, Path(folder), uri))
     except ConfigError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from fedsweep.config.names import short
 from fedsweep.config.plugins import load_plugins
@@ -88,7 +88,7 @@ class ReportConfig(_Strict):
 
 
 class ConfirmConfig(_Strict):
-    seeds: list[int] = Field(
+    seeds: list[StrictInt] = Field(
         ..., min_length=1, description="Fresh seeds (none of `seeds`) on which, once every tuning trial has "
         "ended, each method's selected config per setting is run again (a trial each, tagged "
         "`fedsweep.stage=confirm`); `fedsweep report` scores and compares methods on these runs only, free of "
@@ -123,7 +123,7 @@ class SweepConfig(_Strict):
     search: SearchConfig | None = Field(
         None, description="Sampled configs beside the grid: a distribution per key and a budget per method "
         "(docs/sweeps.md, Search).")
-    seeds: list[int] | None = Field(
+    seeds: list[StrictInt] | None = Field(
         None, min_length=1, description="Repeats of every config (default: [base.seed]); not empty. The one place for "
         "seeds: `seed` in a grid is refused.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -387,6 +387,8 @@ def iter_trials(sweep: SweepConfig, source: str = "sweep", progress=None) -> Ite
                             cfg = first.model_copy(update={"seed": seed})
                         trial = Trial(index, method, seed, overrides, cfg, tuple(space) if later else (),
                                       study if later else "", number)
+                        if first_trial is None and index == 0 and sweep.confirm is not None:
+                            _check_confirm_seeds(sweep, method, overrides, source, places)
                         first_trial, index = first_trial or trial, index + 1
                         yield trial
                     if progress is not None:
@@ -395,6 +397,19 @@ def iter_trials(sweep: SweepConfig, source: str = "sweep", progress=None) -> Ite
             for key, dist in space.items():
                 for value in extremes(*dist)[1:]:
                     build_config_of(sweep, method, {**first_trial.overrides, key: value}, source, places)
+
+
+def _check_confirm_seeds(sweep: SweepConfig, method: str, overrides: dict, source: str, places) -> None:
+    """The confirm stage's seeds (those ``max_seeds`` adds included) built into a trial's config now,
+    before any trial runs, not once every tuning trial has: the seed is the one key a confirm trial
+    changes, so one config shows each seed's fate."""
+    from fedsweep.sweep.confirm import seed_order
+    for seed in seed_order(sweep):
+        try:
+            build_config_of(sweep, method, {**overrides, "seed": seed}, source, places)
+        except ConfigError as e:
+            detail = str(e).rsplit(": ", 1)[-1]   # the seed's own rule, without the key path build_config_of names
+            raise ConfigError(f"{source}: confirm.seeds: seed {seed}: {detail}") from None
 
 
 def drawn_payload(payload: dict, values: dict[str, Any] | None) -> dict:

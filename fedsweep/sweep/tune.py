@@ -270,6 +270,8 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: byt
                 from fedsweep.sweep.storage import check_nodes_reach
                 check_nodes_reach(root, nodes_a_trial_fits(sweep.resources.cpu, sweep.resources.gpu))
             client = mlflow_store.result()
+            from fedsweep.runs.orphans import end_orphaned_runs
+            end_orphaned_runs(uri)   # runs of killed `fedsweep run`s: never left RUNNING
             exp_id = experiment_id(client, experiment, uri)
             if superseded:
                 from fedsweep.sweep.ending import close_superseded
