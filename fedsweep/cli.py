@@ -60,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                    "folder mounted at the same path on each (NFS), or a URI such as s3://bucket/path (docs/sweeps.md)")
 
     lg = sub.add_parser("log", help="write the MLflow records a run or sweep kept on disk when its store failed",
-                        epilog="exit status: 0 written (or already), 2 the store still fails or the folder is not "
-                               "one fedsweep kept (nothing lost: run it again)")
+                        epilog="exit status: 0 written (or already), 2 the store still fails, the folder is not one "
+                               "fedsweep kept or is damaged (the line names what is wrong), or another `fedsweep log` "
+                               "is writing it (nothing lost: run it again)")
     lg.add_argument("folder", help="the folder `fedsweep run` or `tune` named (under ./fedsweep_unlogged)")
     lg.add_argument("--tracking-uri", metavar="URI", help="another MLflow store to write them to (default: the "
                     "one they were meant for)")

@@ -2,6 +2,7 @@
 on fresh seeds once the tuning trials have ended; the report scores methods on those runs only;
 `--dry-run` counts them and `--resume` continues across the stage. A real Ray Tune run and MLflow store."""
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -221,10 +222,12 @@ def test_resume_continues_a_later_look_of_the_confirm_stage(tmp_path):
                                                         "fedcm": list(range(10, 22))}
 
 
-@pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm"])
+@pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm", "confirm unsaved"])
 def test_resume_continues_across_the_stages(tmp_path, stage):
     """Ctrl-C in the tuning stage: `--resume` finishes it, then plans and runs the confirm stage;
-    Ctrl-C in the confirm stage: `--resume` continues that stage. Every round of every run once."""
+    Ctrl-C in the confirm stage: `--resume` continues that stage; and so when Ray Tune's record of the
+    confirm look holds no trial yet (Ctrl-C before its first snapshot with trials, which Tune cannot
+    restore: the look starts anew, continuing the runs it had begun). Every round of every run once."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = write(tmp_path, base={**SWEEP["base"], "rounds": 400, "eval": {"every": 50, "target_accuracy": 0.5}},
                  grid={"local.lr": [0.05, 0.1]}, methods={"fedavg": {}}, report={"settings": []},
@@ -236,17 +239,23 @@ def test_resume_continues_across_the_stages(tmp_path, stage):
     try:
         def reached():
             text = (tmp_path / "driver.log").read_text()
-            return "[sweep] confirm stage" in text if stage == "confirm" else "[finished]" in text
+            return "[sweep] confirm stage" in text if stage.startswith("confirm") else "[finished]" in text
         end = time.time() + 240
         while not reached() and time.time() < end and proc.poll() is None:
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
+        # "confirm unsaved": kill -9 as the look starts (a Ctrl-C may come after its 2 short trials ended)
+        os.killpg(proc.pid, signal.SIGKILL if stage == "confirm unsaved" else signal.SIGINT)
         proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = (tmp_path / "driver.log").read_text()
-    assert proc.returncode == 1 and "--resume" in text, text[-3000:]
+    if stage == "confirm unsaved":   # Tune's snapshots of the look as they are before it adds a trial
+        assert proc.returncode == -signal.SIGKILL and "[sweep] confirm stage" in text, text[-3000:]
+        for state in (tmp_path / "fedsweep_runs" / "conf" / "confirm").glob("experiment_state-*.json"):
+            state.write_text(json.dumps({**json.loads(state.read_text()), "trial_data": []}))
+    else:
+        assert proc.returncode == 1 and "--resume" in text, text[-3000:]
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
         cwd = os.getcwd()

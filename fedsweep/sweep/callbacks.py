@@ -39,12 +39,14 @@ SWEEPS: dict[str, object] = {}
 
 
 def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_name: str, store,
-                         payloads: list[dict], units: list[list[int]]):
+                         payloads: list[dict], units: list[list[int]], adopt: bool = False):
     """The driver-side MLflow writer (built lazily so importing fedsweep does not import Ray). One
     child run per sweep trial, a packed one's included: a Tune trial of a pack writes several.
     ``store``: the sweep's folder of the storage (:class:`fedsweep.sweep.storage.Storage`), where the
     trials keep their checkpoints. Writes go through a :class:`~fedsweep.runs.writer.Writer`: a store
-    that fails mid-sweep never stops it (they wait, and are retried, or kept for ``--resume``)."""
+    that fails mid-sweep never stops it (they wait, and are retried, or kept for ``--resume``).
+    ``adopt``: a confirm look started anew after an interruption: a sweep trial's run from the
+    look's first start, if any, is found by its index and continued (not made twice)."""
     from ray import tune
 
     class MlflowTrials(tune.Callback):
@@ -55,6 +57,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.uri, self.experiment_id, self.parent_id, self.sweep = uri, experiment_id, parent_id, sweep_name
             self.store, self.payloads, self.units = store, payloads, units
             self._reset()
+            self.adopting = adopt
 
         def _reset(self, restored: bool = False):
             from fedsweep.runs.writer import Writer
@@ -108,12 +111,16 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             if key in self.runs:
                 return self.runs[key]
             run = self.runs[key] = f"{trial.trial_id}/{index}"
-            found = self.restored and self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.`ray.trial_id` = '{trial.trial_id}' and "
-                f"tags.`fedsweep.trial` = '{index}' and tags.`mlflow.parentRunId` = '{self.parent_id}'", max_results=1)
+            adopting = getattr(self, "adopting", False)
+            same_trial = "" if adopting else f"tags.`ray.trial_id` = '{trial.trial_id}' and "
+            found = (self.restored or adopting) and self.client.search_runs(
+                [self.experiment_id], filter_string=f"{same_trial}tags.`fedsweep.trial` = '{index}' and "
+                f"tags.`mlflow.parentRunId` = '{self.parent_id}'", max_results=1)
             if found:
                 run_id = found[0].info.run_id
                 self.writer.adopt(run, run_id)
+                if adopting:   # a later --resume finds it by the Tune trial that runs it now
+                    self.writer.batch(run, tags={"ray.trial_id": trial.trial_id})
                 status = found[0].data.tags.get("fedsweep.status")
                 if status in ("finished", "diverged", "stopped"):
                     # Done before an interruption that Tune's last snapshot did not see: Tune

@@ -117,6 +117,8 @@ def resume_problem(store) -> str | None:
     if state.get("stage") == "confirm":   # the confirm stage's Tune run is the one to continue
         from fedsweep.sweep.confirm import look_experiment
         store = store.child(look_experiment(state.get("look", 1)))
+        if "look_from" in state and look_not_started(store):
+            return None   # stopped before Tune held any trial of the look: --resume starts it anew
         try:
             names = store.names()
         except OSError as e:
@@ -131,6 +133,18 @@ def resume_problem(store) -> str | None:
     except (OSError, ValueError) as e:
         return f"Ray Tune's record of its trials ({newest}) is cut short or damaged ({_one_line(e)})"
     return None
+
+
+def look_not_started(look) -> bool:
+    """Ray Tune's record of a confirm look (its folder ``look``) holds no trial: the sweep was stopped
+    between the look's planning and Tune's first snapshot with trials in it (Tune then fails to
+    restore it, and restarts it from a state half read)."""
+    try:
+        names = look.names() if look.exists() else []
+        newest = max((n for n in names if n.startswith("experiment_state-") and n.endswith(".json")), default=None)
+        return newest is None or not json.loads(look.read_text(newest) or "{}").get("trial_data")
+    except (OSError, ValueError):
+        return False   # unreadable: resume_problem says so
 
 
 def check_resumable_record(store, name: str) -> None:

@@ -32,7 +32,7 @@ def _start_look(sweep, payloads, units, planned, store: Storage, state: dict, ur
     units = units + confirm_units(sweep, planned, concurrent_slots(sweep))
     saved = json.loads(store.read_text(TRIALS_FILE))
     store.write_text(TRIALS_FILE, json.dumps({**saved, "trials": payloads + planned, "units": units, **saved_extra}))
-    state["stage"], state["look"] = "confirm", look
+    state["stage"], state["look"], state["look_from"] = "confirm", look, first
     store.write_text(STATE_FILE, json.dumps(state))
     payloads = payloads + planned
     return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,

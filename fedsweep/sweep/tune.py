@@ -288,7 +288,7 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
     """Inside the Ray session: the parent run, Tune's run of the tuning stage (new or restored), then,
     with ``confirm:``, the confirm stage's (:mod:`fedsweep.sweep.confirm`), and the sweep's outcome."""
     from fedsweep.sweep.confirm import confirm_record, confirm_size, look_experiment, most_confirm_trials
-    from fedsweep.sweep.ending import end_sweep, quiet_tune_state_errors, replay_unlogged
+    from fedsweep.sweep.ending import end_sweep, look_not_started, quiet_tune_state_errors, replay_unlogged
     store = root.child(sweep.name)
     if resume:
         state = json.loads(store.read_text(STATE_FILE))
@@ -328,7 +328,11 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
     grace = float(payloads[0]["run"]["mlflow"].get("retry_seconds", 120.0))
     sweep_id = state.get("sweep_id")
     where = store.child(look_experiment(look)) if confirming else store
-    if resume:
+    if resume and confirming and "look_from" in state and look_not_started(where):
+        where.delete()   # what Tune wrote of the look before any trial: it starts anew, as planned
+        tuner = tuners.confirm_tuner(sweep, payloads, units, state["look_from"], store, sweep_id, uri, exp_id,
+                                     parent_id, look, adopt=True)
+    elif resume:
         tuner = tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where)
     else:
         tuner = tuners.new_tuner(sweep, trials, payloads, units, root, store, sweep_id, uri, exp_id, parent_id)

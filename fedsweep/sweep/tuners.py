@@ -92,7 +92,7 @@ def new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, swe
 
 
 def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: str, uri, exp_id, parent_id,
-                  look: int = 1):
+                  look: int = 1, adopt: bool = False):
     """The confirm stage's Tune run (:mod:`fedsweep.sweep.confirm`) of look ``look``: units ``first``
     onwards (the selected configs on the look's confirm seeds), each run to its last round (no
     scheduler, nothing drawn), as a Tune experiment of its own inside the sweep's folder of the storage."""
@@ -108,6 +108,6 @@ def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: 
         run_config=tune.RunConfig(
             name=look_experiment(look), **store.tune_args(), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
+            callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units, adopt),
                        make_progress_callback(payloads, units, store, indices=indices,
                                               settings=sweep.report.settings)]))
