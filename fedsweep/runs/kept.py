@@ -43,20 +43,21 @@ def keep_unlogged(writer: Writer, name: str, cause: str) -> Path:
     raise last
 
 
-def kept_records_of(run_uid: str) -> list[Path]:
-    """The folders under ``./fedsweep_unlogged`` (and the temp folder's) whose records, not yet
-    logged, create or continue the run ``run_uid``."""
+def kept_records_of(run_uid: str) -> list[tuple[Path, str | None]]:
+    """(folder, the store its records are meant for) of each folder under ``./fedsweep_unlogged``
+    (and the temp folder's) whose records, not yet logged, create or continue the run ``run_uid``."""
     import json
     found = []
     for base in dict.fromkeys((Path.cwd() / UNLOGGED, Path(tempfile.gettempdir()) / UNLOGGED)):
         for records in sorted(base.glob("*/records.json")):
             try:
-                ops = json.loads(records.read_text()).get("ops", [])
+                record = json.loads(records.read_text())
+                ops = record.get("ops", [])
             except (OSError, ValueError, AttributeError):
                 continue
             if isinstance(ops, list) and any(isinstance(op, dict) and op.get("op") == "open"
                                              and (op.get("tags") or {}).get("fedsweep.run_uid") == run_uid for op in ops):
-                found.append(records.parent)
+                found.append((records.parent, record.get("tracking_uri")))
     return found
 
 

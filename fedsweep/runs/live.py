@@ -106,11 +106,7 @@ class LiveRun:
         store still fails they stay kept (one line says so) and the run goes on without them."""
         import io
         import json
-        for folder in kept_records_of(self.identity["run_uid"]):
-            try:
-                record_uri = json.loads((folder / "records.json").read_text()).get("tracking_uri")
-            except (OSError, ValueError, AttributeError):
-                continue
+        for folder, record_uri in kept_records_of(self.identity["run_uid"]):
             if record_uri != self.uri:
                 self.say(f"fedsweep: records of this run kept in {folder} are for the store at {record_uri}, not "
                          f"{self.uri}; log them there with: fedsweep log {folder}")

@@ -77,6 +77,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.ended: dict[int, tuple[str, str]] = {}   # sweep trial -> (status, error) it ended with here
             self.tune_trials: list = []             # Tune's trials, as of the experiment's end
             self.settled = False                    # a restored sweep's ended trials looked at (_settle)
+            self.adopting = False                   # a restarted look's runs found by index (__init__'s adopt)
             # A restored sweep (`--resume`) finds its trials' runs in MLflow; a new one creates them.
             self.restored = restored
             # Imported here, not read as a global: cloudpickle copies a global the class's methods read
@@ -111,7 +112,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             if key in self.runs:
                 return self.runs[key]
             run = self.runs[key] = f"{trial.trial_id}/{index}"
-            adopting = getattr(self, "adopting", False)
+            adopting = self.adopting
             same_trial = "" if adopting else f"tags.`ray.trial_id` = '{trial.trial_id}' and "
             found = (self.restored or adopting) and self.client.search_runs(
                 [self.experiment_id], filter_string=f"{same_trial}tags.`fedsweep.trial` = '{index}' and "
