@@ -1,13 +1,14 @@
 """Apply the rule in sweeps/fedlga_readings.yaml's header to that sweep's MLflow runs.
 
-    fedsweep tune sweeps/fedlga_readings.yaml          # the runs
-    python docs/results/fedlga_readings.py [--json OUT] # the table and the decision, in markdown
-    python docs/results/fedlga_readings.py fedlga_epochs  # the same score on sweeps/fedlga_epochs.yaml
+    fedsweep tune sweeps/fedlga_readings.yaml           # the runs (tuning, then confirm seeds)
+    python docs/results/fedlga_readings.py [--json OUT]  # the table and the decision, in markdown
 
-The rule (stated in the sweep file before the runs): score(variant, cell) = the lowest, over
-(η_l, η_g), of the mean over seeds of rounds to the target, a seed that never reaches it counting as
-rounds + 1; the default is the FedLGA variant with the lowest mean score over the cells, variants
-within 0.5 rounds tie, ties go to the simpler variant (SIMPLER below).
+The rule (stated in the sweep file before the runs): each arm's (η_l, η_g) per cell (partition, ρ) is
+selected on validation by `fedsweep tune` and rerun on the confirm seeds; score(arm, confirm seed) =
+the mean over the 6 cells of its rounds to the target (never or diverged = R + 1). D = the FedLGA
+variant with the lowest mean score; each simpler FedLGA variant (simplicity below) is compared with D
+paired by seed (Holm over those); the pick is the simplest one not `worse` than D. Each FedLGA variant
+and FedNova is compared with FedAvg too (Holm over those, `equivalent` inside ±0.5 rounds).
 """
 from __future__ import annotations
 
@@ -16,138 +17,79 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from confirmed import cell_table, compare_arms, comparisons_markdown, confirm_cells, seed_scores, sweep_runs  # noqa: E402
 
-from fedsweep.reports import load_trials
-from fedsweep.sweep.spec import load_sweep
-from fedsweep.runs.tracking import resolve_tracking_uri
-
-SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
 CELL = ["data.partition.kind", "heterogeneity.rho"]
-VARIANT = ["algorithm.reading", "algorithm.grad_source", "algorithm.damping"]
-TIE = 0.5
-# Simpler first: fewer terms, then fewer uploads and passes, then no damping; continuation last.
-READING_ORDER = {"extrapolation": 0, "projection": 1, "continuation": 2}
-SOURCE_ORDER = {"mean": 0, "last": 1, "exact": 2}
+TUNED = ["local.lr", "server.lr"]
+MARGIN = 0.5
+# Simpler first: fewer terms, then fewer uploads and passes, then no damping.
+READINGS = ["extrapolation", "projection", "continuation"]
+SOURCES = ["mean", "last", "exact"]
 
 
-def variant(row) -> str:
-    if row["method"] != "fedlga":
-        return row["method"]
-    lam = "" if row["algorithm.reading"] == "extrapolation" else f", λ={row['algorithm.damping']:g}"
-    return f"fedlga {row['algorithm.reading']} ({row['algorithm.grad_source']}{lam})"
+def variant(cfg) -> str:
+    a = cfg.algorithm
+    if a.name != "fedlga":
+        return a.name
+    if a.reading == "extrapolation":   # λ plays no part: its λ = 1 runs are a determinism check
+        return f"fedlga extrapolation ({a.grad_source}{'' if a.damping == 0 else ', λ=1: no-op'})"
+    return f"fedlga {a.reading} ({a.grad_source}, λ={a.damping:g})"
 
 
-def simplicity(row) -> tuple:
-    return (READING_ORDER[row["algorithm.reading"]], SOURCE_ORDER[row["algorithm.grad_source"]],
-            row["algorithm.damping"], row["algorithm.reading"] == "continuation")
-
-
-def drop_noop_damping(trials: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
-    """λ plays no part in extrapolation: keep its λ = 0 trials, and count how many λ = 1 twins agree."""
-    extra = (trials["method"] == "fedlga") & (trials["algorithm.reading"] == "extrapolation")
-    twins = trials[extra & (trials["algorithm.damping"] != 0)]
-    keys = ["algorithm.grad_source", *CELL, "local.lr", "server.lr", "seed"]
-    both = twins.merge(trials[extra & (trials["algorithm.damping"] == 0)], on=keys, suffixes=("", "_0"))
-    same = int(((both["rounds_to_target"] == both["rounds_to_target_0"])
-                | (both["rounds_to_target"].isna() & both["rounds_to_target_0"].isna())).sum())
-    return trials[~(extra & (trials["algorithm.damping"] != 0))], same, len(both)
-
-
-def scores(trials: pd.DataFrame, rounds: int) -> pd.DataFrame:
-    """One row per (variant, cell): the best (η_l, η_g) by censored mean rounds to target."""
-    df = trials.copy()
-    df["rounds"] = df["rounds_to_target"].where(df["status"].isin(["finished", "diverged"])).fillna(rounds + 1)
-    df.loc[df["status"] == "diverged", "rounds"] = rounds + 1
-    df["reached"] = df["rounds"] <= rounds
-    df["variant"] = df.apply(variant, axis=1)
-    cell = CELL
-    per_lr = (df.groupby(["variant", *cell, "local.lr", "server.lr"])
-                .agg(rounds=("rounds", "mean"), reached=("reached", "sum"), seeds=("seed", "nunique"))
-                .reset_index())
-    best = per_lr.loc[per_lr.groupby(["variant", *cell])["rounds"].idxmin()]
-    return best.reset_index(drop=True)
-
-
-def decide(best: pd.DataFrame, trials: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    overall = best.groupby("variant")["rounds"].mean().rename("mean score").to_frame()
-    fedlga = trials[trials["method"] == "fedlga"].drop_duplicates(VARIANT).copy()
-    fedlga["variant"] = fedlga.apply(variant, axis=1)
-    fedlga = fedlga.drop_duplicates("variant").set_index("variant")
-    cand = overall.loc[overall.index.isin(fedlga.index)].copy()
-    low = cand["mean score"].min()
-    tied = cand[cand["mean score"] <= low + TIE].index
-    winner = min(tied, key=lambda v: simplicity(fedlga.loc[v]))
-    return overall.sort_values("mean score"), winner
-
-
-def markdown(best: pd.DataFrame, overall: pd.DataFrame, rounds: int) -> str:
-    cells = sorted({(r["data.partition.kind"], r["heterogeneity.rho"]) for _, r in best.iterrows()})
-    header = ["variant", *[f"{k} ρ={rho:g}" for k, rho in cells], "mean score"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for v in overall.index:
-        row = [v]
-        for k, rho in cells:
-            b = best[(best["variant"] == v) & (best["data.partition.kind"] == k) & (best["heterogeneity.rho"] == rho)]
-            if b.empty:
-                row.append("—")
-                continue
-            r = b.iloc[0]
-            miss = "" if r["reached"] == r["seeds"] else f" [{int(r['reached'])}/{int(r['seeds'])}]"
-            row.append(f"{r['rounds']:.1f}{miss}")
-        row.append(f"{overall.loc[v, 'mean score']:.2f}")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + (f"\n\nRounds to 0.8 test accuracy at each variant's best (η_l, η_g) per cell, mean of "
-                              f"the seeds; a seed that never reached it in {rounds} rounds counts as {rounds + 1} "
-                              "([k/n]: seeds that reached it).")
-
-
-def fill_constant_columns(trials: pd.DataFrame, plan: list) -> pd.DataFrame:
-    """load_trials keeps only the params that vary; take the constant ones from the trials' configs."""
-    by_id = {t.config_id: t.config for t in plan}
-    for key in [*CELL, *VARIANT]:
-        if key not in trials:
-            trials[key] = [_dotted(by_id[c], key) for c in trials["config_id"]]
-    return trials
-
-
-def _dotted(cfg, key: str):
-    for part in key.split("."):
-        cfg = getattr(cfg, part, None)
-    return cfg
+def simplicity(arm: str) -> tuple:
+    reading, rest = arm.split(" ", 2)[1], arm.split("(", 1)[1]
+    source = rest.split(",")[0].rstrip(")")
+    return READINGS.index(reading), SOURCES.index(source), "λ=1" in rest
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep", nargs="?", default="fedlga_readings", help="a sweep file in sweeps/ (default fedlga_readings)")
-    ap.add_argument("--json", help="also write the scores as JSON")
+    ap.add_argument("sweep", nargs="?", default=str(SWEEP), help="the sweep file (default: fedlga_readings.yaml)")
+    ap.add_argument("--json", help="also write the scores and verdicts as JSON")
     args = ap.parse_args(argv)
-    path = SWEEPS / f"{args.sweep}.yaml"
-    sweep = load_sweep(path)
-    uri = resolve_tracking_uri(sweep.mlflow.tracking_uri)
-    trials = load_trials(uri, sweep.mlflow.experiment or sweep.name, sweep.name)
-    rounds = int(sweep.base["rounds"])
-    scored = trials["status"].isin(["finished", "diverged"]).sum()
-    from fedsweep.sweep.spec import expand
-    plan = expand(sweep, source=str(path))
-    expected = len(plan)
-    trials = fill_constant_columns(trials, plan)
-    if scored < expected:
-        print(f"**Incomplete: {scored} of {expected} trials have ended; the rule needs all of them.**\n")
-    trials, same, pairs = drop_noop_damping(trials)
-    best = scores(trials, rounds)
-    overall, winner = decide(best, trials)
-    print(markdown(best, overall, rounds))
-    if scored < expected:
-        return 1
-    print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
-          f"{same} of {pairs} trial pairs.")
-    print(f"\nDefault by the rule: {winner} (mean score {overall.loc[winner, 'mean score']:.2f}; "
-          f"ties within {TIE} rounds go to the simpler variant).")
+    trials, planned, rounds = sweep_runs(Path(args.sweep), variant, [*CELL, *TUNED])
+    ended = int(trials[trials["stage"] == "tune"]["status"].isin(["finished", "diverged"]).sum())
+    cells = confirm_cells(trials, CELL, rounds, TUNED)
+    scores = seed_scores(cells, CELL).dropna()
+    if ended < planned or scores.empty:
+        print(f"**Incomplete: {ended} of {planned} tuning trials have ended and {len(scores)} confirm seeds have "
+              "every arm in every cell; the rule needs all of them.**\n")
+        if scores.empty:
+            return 1
+    noop = [a for a in scores if "no-op" in a]
+    overall = scores.drop(columns=noop).mean().sort_values()
+    print(cell_table(cells[cells["seed"].isin(scores.index)], CELL, TUNED, list(overall.index), rounds,
+                     lambda k: f"{k[0]} ρ={k[1]:g}"))
+    print(f"\nRounds to the target on the confirm seeds ({len(scores)}: {', '.join(map(str, scores.index))}) at each "
+          f"arm's (η_l, η_g) selected on validation per cell (in brackets), mean of the seeds; a run that never "
+          f"reached it in {rounds} rounds, or diverged, counts as {rounds + 1} ([k/n]: seeds that reached it).")
+    if noop:
+        twins = cells[cells["arm"].isin(noop)].assign(arm=lambda f: f["arm"].str.replace(", λ=1: no-op", ""))
+        both = twins.merge(cells, on=["arm", "seed", *CELL], suffixes=("", "_0"))
+        print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
+              f"{int((both['rounds'] == both['rounds_0']).sum())} of {len(both)} confirm runs.")
+    fedlga = sorted((a for a in overall.index if a.startswith("fedlga")), key=simplicity)
+    lead = min(fedlga, key=lambda a: overall[a])
+    simpler = fedlga[:fedlga.index(lead)]
+    pick, against = lead, None
+    if simpler:
+        against = compare_arms(scores, [("6 cells", a, lead) for a in simpler])
+        print(f"\nEach simpler FedLGA variant against the lowest, {lead} (mean rounds over the cells, paired by "
+              "confirm seed; Holm over these):\n\n" + comparisons_markdown(against))
+        pick = next((a for a, call in zip(simpler, against["verdict"]) if call != "worse"), lead)
+    print(f"\nPick by the rule: {pick} (mean score {overall[pick]:.2f}; lowest: {lead}, {overall[lead]:.2f}).")
+    others = [a for a in overall.index if a != "fedavg"]
+    fedavg = compare_arms(scores, [("6 cells", a, "fedavg") for a in others], margin=MARGIN)
+    print(f"\nEach arm against FedAvg (Holm over these; `equivalent` inside ±{MARGIN:g} rounds):\n\n"
+          + comparisons_markdown(fedavg))
     if args.json:
-        Path(args.json).write_text(json.dumps({"winner": winner, "overall": overall["mean score"].to_dict(),
-                                               "cells": best.to_dict(orient="records")}, indent=1, default=str))
-    return 0
+        Path(args.json).write_text(json.dumps({
+            "pick": pick, "lowest": lead, "overall": overall.to_dict(),
+            "against_lowest": [] if against is None else against.to_dict(orient="records"),
+            "against_fedavg": fedavg.to_dict(orient="records")}, indent=1, default=str))
+    return 0 if ended == planned else 1
 
 
 if __name__ == "__main__":

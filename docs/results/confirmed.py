@@ -1,0 +1,113 @@
+"""What the studies that choose a default (fedlga_safeguards.py, fedlga_epochs.py) share: their
+sweep's runs with each trial's arm and cell read from its config, the confirm runs scored per seed,
+and paired comparisons made by `fedsweep report`'s own tests (fedsweep.reports.stats.comparison_table:
+exact sign-flip test, Holm, adjusted intervals, `equivalent` inside a margin, power).
+
+A score on a confirm seed is the mean over the cells of an arm's rounds to the target, a run that
+never reached it or diverged counting R + 1: a mean of bounded numbers, tested by its mean.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from fedsweep.reports import load_trials
+from fedsweep.reports.stats import Metric, comparison_table
+from fedsweep.runs.tracking import resolve_tracking_uri
+from fedsweep.sweep.spec import expand, load_sweep
+
+
+def dotted(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
+def sweep_runs(path: Path, arm_of: Callable, keys: Sequence[str]) -> tuple[pd.DataFrame, int, int]:
+    """(trials with columns ``arm`` and ``keys`` read from each trial's config, planned tuning
+    trials, R). load_trials keeps only the params that vary; the config has every key."""
+    sweep = load_sweep(path)
+    plan = expand(sweep, source=str(path))
+    trials = load_trials(resolve_tracking_uri(sweep.mlflow.tracking_uri), sweep.mlflow.experiment or sweep.name,
+                         sweep.name)
+    by_id = {t.config_id: t.config for t in plan}
+    trials = trials[trials["config_id"].isin(by_id)].copy()
+    trials["arm"] = [arm_of(by_id[c]) for c in trials["config_id"]]
+    for key in keys:
+        trials[key] = [dotted(by_id[c], key) for c in trials["config_id"]]
+    return trials, len(plan), int(sweep.base["rounds"])
+
+
+def rounds_or_late(trials: pd.DataFrame, rounds: int) -> pd.Series:
+    """Rounds to the target; a finished run that never reached it, or a diverged one, R + 1."""
+    hit = trials["rounds_to_target"] if "rounds_to_target" in trials else pd.Series(math.nan, index=trials.index)
+    return hit.where(trials["status"] == "finished").fillna(rounds + 1)
+
+
+def confirm_cells(trials: pd.DataFrame, cell: Sequence[str], rounds: int, tuned: Sequence[str]) -> pd.DataFrame:
+    """One row per (arm, cell, confirm seed): ``rounds`` (R + 1 if never reached), with the selected
+    config's ``tuned`` keys."""
+    confirm = trials[(trials["stage"] == "confirm") & trials["status"].isin(["finished", "diverged"])].copy()
+    confirm["rounds"] = rounds_or_late(confirm, rounds)
+    return confirm[["arm", *cell, *tuned, "seed", "rounds", "status"]]
+
+
+def cell_table(cells: pd.DataFrame, cell: Sequence[str], tuned: Sequence[str], order: Sequence[str],
+               rounds: int, label: Callable[[tuple], str]) -> str:
+    """Markdown: an arm per row, a cell per column: mean confirm rounds (its selected ``tuned``
+    values), [k/n] where some seeds never reached the target; the mean over cells last."""
+    keys = sorted({tuple(c) for c in cells[list(cell)].itertuples(index=False)})
+    lines = ["| arm | " + " | ".join(label(k) for k in keys) + " | mean |", "|" + "---|" * (len(keys) + 2)]
+    for arm in order:
+        row, means = [arm], []
+        for k in keys:
+            part = cells[(cells["arm"] == arm) & (cells[list(cell)].apply(tuple, axis=1) == k)]
+            if part.empty:
+                row.append("—")
+                continue
+            mean, reached = part["rounds"].mean(), int((part["rounds"] <= rounds).sum())
+            means.append(mean)
+            picked = ", ".join(f"{t.split('.')[-1]} {part[t].iloc[0]:g}" for t in tuned)
+            miss = "" if reached == len(part) else f" [{reached}/{len(part)}]"
+            row.append(f"{mean:.1f} ({picked}){miss}")
+        row.append(f"{sum(means) / len(means):.2f}" if len(means) == len(keys) else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def seed_scores(cells: pd.DataFrame, cell: Sequence[str]) -> pd.DataFrame:
+    """(seed x arm) mean over the cells of rounds; a seed missing a cell of an arm is NaN for it."""
+    n_cells = cells[list(cell)].drop_duplicates().shape[0]
+    grouped = cells.groupby(["seed", "arm"])["rounds"]
+    score = grouped.mean().where(grouped.count() == n_cells)
+    return score.unstack("arm")
+
+
+def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], margin: float = 0.0) -> pd.DataFrame:
+    """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm
+    family: difference arm − reference (lower is better), its interval and the adjusted one, verdict,
+    power (``power_mde``)."""
+    metric = Metric("score", higher_is_better=False, margin=margin)
+    family = {}   # a setting per pair keeps the pairs apart; Holm runs over all of them
+    for label, arm, ref in pairs:
+        for role, name in (("arm", arm), ("ref", ref)):
+            family[(f"{label}: {arm} vs {ref}", role)] = scores[name].dropna().rename("score").reset_index()
+    table = comparison_table(family, "ref", {"rounds": metric})
+    table["setting"] = [label for label, _, _ in pairs]
+    table["method"] = [arm for _, arm, _ in pairs]
+    table["reference"] = [ref for _, _, ref in pairs]
+    return table
+
+
+def comparisons_markdown(table: pd.DataFrame) -> str:
+    lines = ["| cells | arm | reference | seeds | difference [95% CI] | adjusted CI | p (Holm) | verdict | 80% power at |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {r['setting']} | {r['method']} | {r['reference']} | {r['n_seeds']} | "
+                     f"{r['difference']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
+                     f"[{r['adj_ci_low']:+.2f}, {r['adj_ci_high']:+.2f}] | {r['p_adjusted']:.3g} | "
+                     f"{r['verdict']} | ±{r['power_mde']:.2f} |")
+    return "\n".join(lines)
