@@ -817,6 +817,17 @@ def test_shipped_sweeps_validate(path):
     assert trials and len({(t.config_id, t.sample) for t in trials}) * len(sweep.seeds or [0]) == len(trials)
 
 
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "sweeps").rglob("*.yaml")))
+def test_shipped_sweeps_select_on_validation_and_score_confirm_runs(path):
+    """Sound by default: every sweep in sweeps/ selects on a validation split and scores only its
+    confirm runs (timing inputs live in benchmarks/sweeps/, which make no claim)."""
+    sweep = load_sweep(path)
+    trials = expand(sweep, source=path)
+    assert all(t.config.data.validation_fraction > 0 for t in trials), f"{path}: no validation split"
+    assert sweep.confirm is not None and sweep.confirm.seeds, f"{path}: no confirm stage"
+    assert not set(sweep.confirm.seeds) & set(sweep.seeds or [0]), f"{path}: confirm seeds must be fresh"
+
+
 def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
     """A FedSoftMax sweep through Ray Tune: per-client weights reach MLflow, and the report computes R90
     against FedAvg's final accuracy (its Table 3) and draws the weights (its Figs. 6 and 7)."""

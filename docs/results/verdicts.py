@@ -1,6 +1,7 @@
 """The verdict table of docs/results.md ("Verdicts under the protocol") from the verdict sweeps' reports.
 
-    for s in sweeps/*_verdict.yaml; do fedsweep tune $s && fedsweep report $s; done
+    for s in sweeps/*_verdict.yaml sweeps/fedlga_mnist5k.yaml sweeps/baselines_mnist5k.yaml; do
+        fedsweep tune $s && fedsweep report $s; done
     python docs/results/verdicts.py reports        # the folder holding reports/<sweep>/comparisons.csv
 
 One row per (sweep, setting, method) compared with its sweep's reference: rounds to target and the
@@ -16,7 +17,7 @@ import csv
 import sys
 from pathlib import Path
 
-SWEEPS = ["fedlga_verdict", "fedlga_mnist5k_verdict", "baselines_verdict", "baselines_mnist5k_verdict",
+SWEEPS = ["fedlga_verdict", "fedlga_mnist5k", "baselines_verdict", "baselines_mnist5k",
           "fedclg_verdict", "fedclg_mnist5k_verdict", "fedsoftmax_verdict", "fedsoftmax_mnist5k_verdict"]
 
 

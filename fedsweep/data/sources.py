@@ -70,7 +70,7 @@ def load_digits(test_fraction: float, seed: int) -> Source:
 @functools.lru_cache(maxsize=2)
 def _digits_file(path: str) -> tuple[np.ndarray, np.ndarray]:
     """The digits file parsed once a process (3.3 ms a parse): a sweep's Ray worker loads them for
-    every trial it runs, 144 times a worker in sweeps/fedlga_short.yaml. Read-only, as they are shared."""
+    every trial it runs, 144 times a worker in benchmarks/sweeps/fedlga_short.yaml. Read-only, as they are shared."""
     table = np.loadtxt(path, delimiter=",")
     images, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     images.flags.writeable = target.flags.writeable = False
