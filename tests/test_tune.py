@@ -262,6 +262,37 @@ def test_the_status_line_comes_while_no_trial_reports(monkeypatch):
     assert lines[0].startswith("[sweep] 1 trials: 1 running | ") and callback.ticker.is_set()
 
 
+def test_the_status_line_leads_by_what_selection_ranks():
+    """Per setting, the live leader is ranked as selection ranks: the fewest validation rounds to the
+    target (a run that has not reached it below every one that has), then validation accuracy; test
+    accuracy is never read where there is a validation split."""
+    import io
+
+    from ray.tune.experiment import Trial
+
+    from fedsweep.sweep import progress
+    run = {"rounds": 9, "eval": {"target_accuracy": 0.8}, "heterogeneity": {"rho": 0.5}}
+    payloads = [{"run": run, "label": name} for name in ("fast", "accurate", "test-only")]
+    payloads.append({"run": {**run, "heterogeneity": {"rho": 0.9}}, "label": "slow"})
+    stream = io.StringIO()
+    callback = progress.make_progress_callback(payloads, [[0, 1, 2, 3]], stream=stream,
+                                               settings=["heterogeneity.rho"])
+    trial = Trial("run_unit", config={"trial": 0}, trial_id="t0", stub=True)
+    trial.set_status(Trial.RUNNING)
+
+    def report(index, rows):
+        callback.on_trial_result(0, [trial], trial, {"members": {str(index): {"rows": rows}}})
+
+    report(0, [{"round": 1, "val/accuracy": 0.5, "test/accuracy": 0.99}, {"round": 2, "val/accuracy": 0.81}])
+    report(1, [{"round": 1, "val/accuracy": 0.79}, {"round": 2, "val/accuracy": 0.79}])
+    report(1, [{"round": 3, "val/accuracy": 0.95}])            # reaches it later, with more accuracy
+    report(2, [{"round": 1, "val/accuracy": 0.7, "test/accuracy": 1.0}])
+    report(3, [{"round": 1, "val/accuracy": 0.6}])             # ρ = 0.9: nobody there has reached it
+    callback.on_experiment_end([trial])
+    line = stream.getvalue().splitlines()[-1]
+    assert "leading on val: 2 rounds to 0.8 fast; 0.6000 slow" in line, line
+
+
 def test_durations_read_as_people_say_them():
     from fedsweep.runs.run import duration
     assert [duration(x) for x in (0.4, 59.4, 61, 3599, 3600, 7620)] == \

@@ -90,14 +90,17 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
     stage's run has only its own). ``later``: what the status line calls trials Tune has not made yet
     (``to draw`` for optuna's slots, whose values are drawn when they start). ``settings``: the keys
     methods are compared under (``report.settings``): the status line shows the run leading on
-    validation (on test where runs have no validation split) under each of their values, by its best
-    accuracy so far, one seed's: selection itself waits for every seed."""
+    validation (on test where runs have no validation split) under each of their values by what
+    selection ranks: with a target accuracy, the fewest rounds to it so far (then accuracy; a run
+    that has not reached it ranks below every one that has), else the best accuracy so far. One
+    seed's numbers: selection itself waits for every seed and takes their mean."""
     from ray import tune
     stage = list(range(len(payloads))) if indices is None else list(indices)
 
     class Progress(tune.Callback):
         def __init__(self):
-            self.total, self.best = len(stage), {}   # setting -> (accuracy, run name, split)
+            self.total, self.best = len(stage), {}   # setting -> (rank key, run name, split, text)
+            self.seen: dict[int, tuple] = {}         # sweep trial -> (first round at target or None, best accuracy)
             self.storage_said = False
             self._start_clock()
 
@@ -157,7 +160,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             if self.best:
                 split = "val" if any(b[2] == "val" for b in self.best.values()) else "test"
                 best = f" | leading on {split}: " + "; ".join(
-                    f"{acc:.4f} {name}" for _, (acc, name, _) in sorted(self.best.items()))
+                    f"{text} {name}" for _, (_, name, _, text) in sorted(self.best.items()))
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
             from fedsweep.runs.run import duration
             clock = f" | {duration(now - self.started)}"
@@ -191,16 +194,31 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             for index, part in result.get("members", {}).items():
                 if part.get("rows"):
                     self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
-                rows = part.get("rows", [])
-                split = "val" if any("val/accuracy" in r for r in rows) else "test"
-                acc = max((r[f"{split}/accuracy"] for r in rows if f"{split}/accuracy" in r), default=None)
-                where = setting_of(payloads[int(index)], settings)
-                if acc is not None and math.isfinite(acc) and (where not in self.best or acc > self.best[where][0]):
-                    self._label(trial, int(index))      # optuna's drawn values into the payload's name
-                    self.best[where] = (acc, payloads[int(index)].get("name") or payloads[int(index)]["label"], split)
+                self._lead(trial, int(index), part.get("rows", []))
             if time.time() - self.last_print > STATUS_EVERY_S:
                 self.last_print = time.time()
                 self._print(self._line(trials))
+
+        def _lead(self, trial, index: int, rows: list[dict]):
+            """Keep ``index``'s first round at the target and best accuracy (on val where it has a
+            validation split) and, if it now leads its setting by selection's ranking, say so."""
+            split = "val" if any("val/accuracy" in r for r in rows) else "test"
+            accs = [(r["round"], r[f"{split}/accuracy"]) for r in rows
+                    if math.isfinite(r.get(f"{split}/accuracy", math.nan))]
+            if not accs:
+                return
+            target = payloads[index]["run"].get("eval", {}).get("target_accuracy")
+            hit, best = self.seen.get(index, (None, -math.inf))
+            if target is not None and hit is None:
+                hit = next((rnd for rnd, acc in accs if acc >= target), None)
+            best = max(best, max(acc for _, acc in accs))
+            self.seen[index] = (hit, best)
+            key = (hit is not None, -(hit or 0), best)   # larger leads
+            where = setting_of(payloads[index], settings)
+            if where not in self.best or key > self.best[where][0]:
+                self._label(trial, index)      # optuna's drawn values into the payload's name
+                text = f"{hit} rounds to {target:g}" if hit is not None else f"{best:.4f}"
+                self.best[where] = (key, payloads[index].get("name") or payloads[index]["label"], split, text)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             parts = (trial.last_result or {}).get("members", {})
