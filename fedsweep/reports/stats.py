@@ -33,9 +33,10 @@ choice: the ``runs_column`` it names).
   are seen only every ``resolution`` = ``eval.every`` rounds: where that is above 1, an adjusted
   interval strictly inside ±resolution is never called better or worse.
 - **Power** (``power_mde``): the difference these seeds would call with 80% power at α / m (the
-  strictest level Holm uses): (t_{1−α/2m, n−1} + t_{0.8, n−1}) · sd / √n from the paired differences'
-  sd (× √(π/3), the signed-rank test's efficiency, for rounds); infinite where 2 / 2^n ≥ α / m, which
-  no difference can pass. ``mde`` repeats it for inconclusive rows.
+  strictest level Holm uses), were the paired differences normal with their observed sd: the exact
+  test's own power, simulated (``exact.unit_mde``: a multiple of the sd for each n, level and test);
+  infinite where 2 / 2^n ≥ α / m, which no difference can pass. ``mde`` repeats it for inconclusive
+  rows.
 """
 from __future__ import annotations
 
