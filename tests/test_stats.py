@@ -283,7 +283,7 @@ def test_power_is_at_the_strictest_holm_level_and_infinite_where_the_seeds_canno
 def test_the_power_line_holds_for_the_exact_tests(n, family, kind):
     """At the difference power_mde names, the exact test calls normal paired differences with that sd
     about 80% of the time (fresh samples, not the ones it was found on); the paired t formula it
-    replaced named a difference called 63-70% of the time at n = 8-12 with 6-16 comparisons."""
+    replaced named a difference called 63-73% of the time at n = 8-12 with 6-16 comparisons."""
     level = 0.05 / family
     rng = np.random.default_rng(2024)
     mde = power_mde(rng.standard_normal(n) * 3.0, kind, level)
