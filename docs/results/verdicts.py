@@ -10,6 +10,10 @@ difference [adjusted interval], seeds (why they stopped), 80% power at ±x` over
 paired by seed (docs/sweeps.md, "Intervals and verdicts"): the adjusted interval is the one the verdict
 reads, so it excludes 0 exactly where the verdict is `better` or `worse`. Then, for the sweeps with one
 setting key, whether each method's lead changes from its first value to its last (interactions.csv).
+Last, the results-level family: the claims of docs/results.md's headline as one family, each sweep's
+Holm-adjusted p times the number of sweeps (Bonferroni over the claims on top of Holm within each: the
+chance of any false `better` or `worse` among all of them stays below 0.05); a call that survives
+it holds across the claims, one that does not holds only within its own sweep.
 """
 from __future__ import annotations
 
@@ -75,8 +79,33 @@ def interactions(reports: Path) -> str:
     return "\n".join(lines)
 
 
+def across_claims(reports: Path) -> str:
+    """Each `better` / `worse` row (and interaction) with its sweep's adjusted p × the number of
+    sweeps read: whether it is still called when the claims are one family."""
+    files = [(sweep, kind, reports / sweep / f"{kind}.csv") for sweep in SWEEPS
+             for kind in ("comparisons", "interactions")]
+    read = {sweep for sweep, _, path in files if path.exists()}
+    k = len(read)
+    lines = [f"Calls across the {k} claims (each sweep's Holm-adjusted p × {k}; called where below 0.05):", "",
+             "| sweep | row | metric | verdict | adjusted p | × claims | across the claims |", "|---|---|---|---|---|---|---|"]
+    for sweep, kind, path in files:
+        if not path.exists():
+            continue
+        for r in csv.DictReader(open(path)):
+            if r["verdict"] not in ("better", "worse", "lead grows", "lead shrinks"):
+                continue
+            p = float(r["p_adjusted"])
+            row = (f"{setting(r['setting'])} {r['method']} vs {r['reference']}" if kind == "comparisons"
+                   else f"{r['method']} vs {r['reference']}, {setting(r['from'])} → {setting(r['to'])}")
+            lines.append(f"| `{sweep}` | {row} | {r['metric'].split('/')[-1]} | {r['verdict']} | {p:.3g} | "
+                         f"{min(1.0, p * k):.3g} | {'**called**' if p * k < 0.05 else 'this sweep only'} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "reports")
     print(table(folder))
     print()
     print(interactions(folder))
+    print()
+    print(across_claims(folder))
