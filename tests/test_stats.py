@@ -110,6 +110,15 @@ def test_an_enumerated_null_calls_no_more_than_the_nominal_rate():
 
 # -- intervals of a difference: the tests inverted --------------------------------------------------
 
+def test_too_few_seeds_give_the_whole_range_and_an_unbounded_metric_the_whole_line():
+    """With 4 pairs no shift is rejected at 0.05 (the smallest p is 2/16): the interval is every value
+    the metric allows, and for a metric without bounds the whole line (not a search that overflows)."""
+    d = np.array([1.0, 2.0, 3.0, 4.0])
+    assert interval(d, MEAN, 0.05) == (-math.inf, math.inf)
+    assert interval(d, RANK, 0.05, bound=40.0) == (-40.0, 40.0)
+    assert interval(d, MEAN, 0.2) != (-math.inf, math.inf)                  # 0.125 < 0.2: a test there
+
+
 def test_an_interval_holds_0_exactly_when_its_test_accepts_0():
     rng = np.random.default_rng(7)
     cases = [rng.normal(rng.choice([0, 0.01, 0.03]), 0.01, rng.integers(2, 20)) for _ in range(40)]

@@ -19,6 +19,8 @@ from fedsweep.reports.stats import Metric, comparison_table
 from fedsweep.runs.tracking import resolve_tracking_uri
 from fedsweep.sweep.spec import expand, load_sweep
 
+SYMBOLS = {"local.lr": "η_l", "server.lr": "η_g"}
+
 
 def dotted(cfg, key: str):
     for part in key.split("."):
@@ -70,7 +72,7 @@ def cell_table(cells: pd.DataFrame, cell: Sequence[str], tuned: Sequence[str], o
                 continue
             mean, reached = part["rounds"].mean(), int((part["rounds"] <= rounds).sum())
             means.append(mean)
-            picked = ", ".join(f"{t.split('.')[-1]} {part[t].iloc[0]:g}" for t in tuned)
+            picked = ", ".join(f"{SYMBOLS.get(t, t)} {part[t].iloc[0]:g}" for t in tuned)
             miss = "" if reached == len(part) else f" [{reached}/{len(part)}]"
             row.append(f"{mean:.1f} ({picked}){miss}")
         row.append(f"{sum(means) / len(means):.2f}" if len(means) == len(keys) else "—")
@@ -86,11 +88,12 @@ def seed_scores(cells: pd.DataFrame, cell: Sequence[str]) -> pd.DataFrame:
     return score.unstack("arm")
 
 
-def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], margin: float = 0.0) -> pd.DataFrame:
+def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], rounds: int,
+                 margin: float = 0.0) -> pd.DataFrame:
     """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm
-    family: difference arm − reference (lower is better), its interval and the adjusted one, verdict,
-    power (``power_mde``)."""
-    metric = Metric("score", higher_is_better=False, margin=margin)
+    family: difference arm − reference (lower is better), its interval and the adjusted one (inside
+    ±R: a score lies in [1, R + 1]), verdict, power (``power_mde``)."""
+    metric = Metric("score", higher_is_better=False, margin=margin, low=1.0, high=rounds + 1.0)
     family = {}   # a setting per pair keeps the pairs apart; Holm runs over all of them
     for label, arm, ref in pairs:
         for role, name in (("arm", arm), ("ref", ref)):
@@ -102,6 +105,10 @@ def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], ma
     return table
 
 
+def power(mde: float) -> str:
+    return "∞ (these seeds cannot call any)" if math.isinf(mde) else f"±{mde:.2f}"
+
+
 def comparisons_markdown(table: pd.DataFrame) -> str:
     lines = ["| cells | arm | reference | seeds | difference [95% CI] | adjusted CI | p (Holm) | verdict | 80% power at |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -109,5 +116,5 @@ def comparisons_markdown(table: pd.DataFrame) -> str:
         lines.append(f"| {r['setting']} | {r['method']} | {r['reference']} | {r['n_seeds']} | "
                      f"{r['difference']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
                      f"[{r['adj_ci_low']:+.2f}, {r['adj_ci_high']:+.2f}] | {r['p_adjusted']:.3g} | "
-                     f"{r['verdict']} | ±{r['power_mde']:.2f} |")
+                     f"{r['verdict']} | {power(r['power_mde'])} |")
     return "\n".join(lines)

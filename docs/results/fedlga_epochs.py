@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
               f"{same} of {total} confirm runs.")
     arms = [a for a in overall.index if a not in (DEFAULT, NOOP)]
-    table = compare_arms(scores, [("ρ 0.1, 0.5, 0.9", a, DEFAULT) for a in arms], margin=MARGIN)
+    table = compare_arms(scores, [("ρ 0.1, 0.5, 0.9", a, DEFAULT) for a in arms], rounds, margin=MARGIN)
     print(f"\nEach arm against {DEFAULT} (mean rounds over the 3 ρ, paired by confirm seed; Holm over the arms; "
           f"`equivalent` inside ±{MARGIN:g} rounds):\n\n" + comparisons_markdown(table))
     better = list(table.loc[table["verdict"] == "better", "method"])

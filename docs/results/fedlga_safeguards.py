@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     simpler = qualified[:qualified.index(lead)]
     default = lead
     if simpler:
-        against = compare_arms(complete, [("all cells", v, lead) for v in simpler])
+        against = compare_arms(complete, [("all cells", v, lead) for v in simpler], rounds)
         print(f"\nEach simpler qualified variant against the lowest, {lead} (difference in mean rounds over the "
               "cells, paired by confirm seed; Holm over these):\n\n" + comparisons_markdown(against))
         default = next((v for v, call in zip(simpler, against["verdict"]) if call != "worse"), lead)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
             pairs.append((name, v, "fedavg"))
             complete[f"{v} @ {name}"], complete[f"fedavg @ {name}"] = part[v], part["fedavg"]
     named = [(name, f"{v} @ {name}", f"fedavg @ {name}") for name, v, _ in pairs]
-    fedavg = compare_arms(complete, named, margin=MARGIN)
+    fedavg = compare_arms(complete, named, rounds, margin=MARGIN)
     fedavg["method"] = [v for _, v, _ in pairs]
     fedavg["reference"] = "fedavg"
     print(f"\nEach qualified variant against FedAvg on each dataset's cells (Holm over these; `equivalent` inside "

@@ -122,6 +122,8 @@ def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
     accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it."""
     d = np.asarray(d, dtype=float)
     centre = estimate(d, kind) if centre is None else centre
+    if smallest_p(len(d)) >= level:     # no shift is rejected: every one the bound allows
+        return -bound, bound
     zero_ok = p_value(d, kind) >= level
     scale = max(float(np.ptp(d)), abs(centre), TOLERANCE)
 
