@@ -70,18 +70,19 @@ def main(argv=None) -> int:
         both = twins.merge(cells, on=["arm", "seed", *CELL], suffixes=("", "_0"))
         print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
               f"{int((both['rounds'] == both['rounds_0']).sum())} of {len(both)} confirm runs.")
+    where = f"{len(cells[CELL].drop_duplicates())} cells"
     fedlga = sorted((a for a in overall.index if a.startswith("fedlga")), key=simplicity)
     lead = min(fedlga, key=lambda a: overall[a])
     simpler = fedlga[:fedlga.index(lead)]
     pick, against = lead, None
     if simpler:
-        against = compare_arms(scores, [("6 cells", a, lead) for a in simpler], rounds)
+        against = compare_arms(scores, [(where, a, lead) for a in simpler], rounds)
         print(f"\nEach simpler FedLGA variant against the lowest, {lead} (mean rounds over the cells, paired by "
               "confirm seed; Holm over these):\n\n" + comparisons_markdown(against))
         pick = next((a for a, call in zip(simpler, against["verdict"]) if call != "worse"), lead)
     print(f"\nPick by the rule: {pick} (mean score {overall[pick]:.2f}; lowest: {lead}, {overall[lead]:.2f}).")
     others = [a for a in overall.index if a != "fedavg"]
-    fedavg = compare_arms(scores, [("6 cells", a, "fedavg") for a in others], rounds, margin=MARGIN)
+    fedavg = compare_arms(scores, [(where, a, "fedavg") for a in others], rounds, margin=MARGIN)
     print(f"\nEach arm against FedAvg (Holm over these; `equivalent` inside ±{MARGIN:g} rounds):\n\n"
           + comparisons_markdown(fedavg))
     if args.json:
