@@ -57,9 +57,9 @@ def main(argv=None) -> int:
           f"arm's (η_l, η_g) selected on validation per ρ (in brackets), mean of the seeds; a run that never "
           f"reached it in {rounds} rounds, or diverged, counts as {rounds + 1} ([k/n]: seeds that reached it).")
     if NOOP in scores:
-        same = int((cells[cells["arm"] == NOOP].set_index(["seed", *CELL])["rounds"]
-                    == cells[cells["arm"] == DEFAULT].set_index(["seed", *CELL])["rounds"]).sum())
-        total = int((cells["arm"] == NOOP).sum())
+        both = cells[cells["arm"] == NOOP].merge(cells[cells["arm"] == DEFAULT], on=["seed", *CELL],
+                                                  suffixes=("", "_0"))
+        same, total = int((both["rounds"] == both["rounds_0"]).sum()), len(both)
         print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
               f"{same} of {total} confirm runs.")
     arms = [a for a in overall.index if a != DEFAULT]
