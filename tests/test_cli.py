@@ -38,6 +38,7 @@ def test_ctrl_c_ends_a_run_after_its_round_saved_summarised_and_logged(tmp_path)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    assert (tmp_path / "s.json").exists(), f"rc {proc.returncode}, no summary; stderr:\n{err[-3000:]}"
     summary = json.loads((tmp_path / "s.json").read_text())
     assert proc.returncode == 130 and summary["status"] == "interrupted", err
     n = summary["rounds"]
