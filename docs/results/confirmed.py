@@ -88,6 +88,19 @@ def seed_scores(cells: pd.DataFrame, cell: Sequence[str]) -> pd.DataFrame:
     return score.unstack("arm")
 
 
+def scored_study(path: Path, arm_of: Callable, cell: Sequence[str], tuned: Sequence[str]):
+    """What each study reads first: (trials, confirm cells, per-seed scores of the seeds with every
+    arm in every cell, tuning trials ended, planned, R), saying so when the rule cannot be applied yet."""
+    trials, planned, rounds = sweep_runs(path, arm_of, [*cell, *tuned])
+    ended = int(trials[trials["stage"] == "tune"]["status"].isin(["finished", "diverged"]).sum())
+    cells = confirm_cells(trials, cell, rounds, tuned)
+    scores = seed_scores(cells, cell).dropna()
+    if ended < planned or scores.empty:
+        print(f"**Incomplete: {ended} of {planned} tuning trials have ended and {len(scores)} confirm seeds have "
+              "every arm in every cell; the rule needs all of them.**\n")
+    return trials, cells, scores, ended, planned, rounds
+
+
 def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], rounds: int,
                  margin: float = 0.0) -> pd.DataFrame:
     """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from confirmed import cell_table, compare_arms, comparisons_markdown, confirm_cells, seed_scores, sweep_runs  # noqa: E402
+from confirmed import cell_table, compare_arms, comparisons_markdown, scored_study  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
 CELL = ["data.partition.kind", "heterogeneity.rho"]
@@ -49,15 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("sweep", nargs="?", default=str(SWEEP), help="the sweep file (default: fedlga_readings.yaml)")
     ap.add_argument("--json", help="also write the scores and verdicts as JSON")
     args = ap.parse_args(argv)
-    trials, planned, rounds = sweep_runs(Path(args.sweep), variant, [*CELL, *TUNED])
-    ended = int(trials[trials["stage"] == "tune"]["status"].isin(["finished", "diverged"]).sum())
-    cells = confirm_cells(trials, CELL, rounds, TUNED)
-    scores = seed_scores(cells, CELL).dropna()
-    if ended < planned or scores.empty:
-        print(f"**Incomplete: {ended} of {planned} tuning trials have ended and {len(scores)} confirm seeds have "
-              "every arm in every cell; the rule needs all of them.**\n")
-        if scores.empty:
-            return 1
+    _, cells, scores, ended, planned, rounds = scored_study(Path(args.sweep), variant, CELL, TUNED)
+    if scores.empty:
+        return 1
     noop = [a for a in scores if "no-op" in a]
     overall = scores.drop(columns=noop).mean().sort_values()
     print(cell_table(cells[cells["seed"].isin(scores.index)], CELL, TUNED, list(overall.index), rounds,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from confirmed import cell_table, compare_arms, comparisons_markdown, confirm_cells, seed_scores, sweep_runs  # noqa: E402
+from confirmed import cell_table, compare_arms, comparisons_markdown, scored_study, seed_scores  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_safeguards.yaml"
 CELL = ["data.name", "data.partition.kind", "heterogeneity.rho"]
@@ -60,17 +60,10 @@ def main(argv=None) -> int:
     ap.add_argument("sweep", nargs="?", default=str(SWEEP), help="the sweep file (default: fedlga_safeguards.yaml)")
     ap.add_argument("--json", help="also write the scores and verdicts as JSON")
     args = ap.parse_args(argv)
-    trials, planned, rounds = sweep_runs(Path(args.sweep), variant, POINT)
+    trials, cells, complete, ended, planned, rounds = scored_study(Path(args.sweep), variant, CELL, ["local.lr"])
+    if complete.empty:
+        return 1
     tuning = trials[trials["stage"] == "tune"]
-    ended = int(tuning["status"].isin(["finished", "diverged"]).sum())
-    cells = confirm_cells(trials, CELL, rounds, ["local.lr"])
-    scores = seed_scores(cells, CELL)
-    complete = scores.dropna()
-    if ended < planned or complete.empty:
-        print(f"**Incomplete: {ended} of {planned} tuning trials have ended and {len(complete)} confirm seeds have "
-              "every arm in every cell; the rule needs all of them.**\n")
-        if complete.empty:
-            return 1
     out = {"disqualified": disqualified(tuning), "seeds": [int(s) for s in complete.index]}
     overall = complete.mean().sort_values()
     for name in sorted(cells["data.name"].unique()):
