@@ -101,6 +101,16 @@ def scored_study(path: Path, arm_of: Callable, cell: Sequence[str], tuned: Seque
     return trials, cells, scores, ended, planned, rounds
 
 
+def determinism_check(cells: pd.DataFrame, cell: Sequence[str], twin_of: dict[str, str], what: str) -> str:
+    """A line saying in how many confirm runs each arm of ``twin_of`` (a setting that changes nothing,
+    e.g. a damping the reading never reads) gave the same rounds as its twin, the arm it maps to:
+    ``what`` says which ("X gave the same rounds to target as Y")."""
+    twins = cells[cells["arm"].isin(twin_of)].assign(arm=lambda f: f["arm"].map(twin_of))
+    both = twins.merge(cells, on=["arm", "seed", *cell], suffixes=("", "_0"))
+    return (f"\nDeterminism check: {what} in "
+            f"{int((both['rounds'] == both['rounds_0']).sum())} of {len(both)} confirm runs.")
+
+
 def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], rounds: int,
                  margin: float = 0.0) -> pd.DataFrame:
     """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm

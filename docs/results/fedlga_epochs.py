@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from confirmed import cell_table, compare_arms, comparisons_markdown, scored_study  # noqa: E402
+from confirmed import cell_table, compare_arms, comparisons_markdown, determinism_check, scored_study  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_epochs.yaml"
 CELL = ["heterogeneity.rho"]
@@ -51,11 +51,8 @@ def main(argv=None) -> int:
           f"arm's (η_l, η_g) selected on validation per ρ (in brackets), mean of the seeds; a run that never "
           f"reached it in {rounds} rounds, or diverged, counts as {rounds + 1} ([k/n]: seeds that reached it).")
     if NOOP in scores:
-        both = cells[cells["arm"] == NOOP].merge(cells[cells["arm"] == DEFAULT], on=["seed", *CELL],
-                                                  suffixes=("", "_0"))
-        same, total = int((both["rounds"] == both["rounds_0"]).sum()), len(both)
-        print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
-              f"{same} of {total} confirm runs.")
+        print(determinism_check(cells, CELL, {NOOP: DEFAULT}, "extrapolation with λ = 1 (a no-op) gave the same rounds to "
+                                "target as λ = 0"))
     arms = [a for a in overall.index if a != DEFAULT]
     table = compare_arms(scores, [("every ρ", a, DEFAULT) for a in arms], rounds, margin=MARGIN)
     print(f"\nEach arm against {DEFAULT} (mean rounds over the 3 ρ, paired by confirm seed; Holm over the arms; "

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from confirmed import cell_table, compare_arms, comparisons_markdown, scored_study  # noqa: E402
+from confirmed import cell_table, compare_arms, comparisons_markdown, determinism_check, scored_study  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
 CELL = ["data.partition.kind", "heterogeneity.rho"]
@@ -60,10 +60,9 @@ def main(argv=None) -> int:
           f"arm's (η_l, η_g) selected on validation per cell (in brackets), mean of the seeds; a run that never "
           f"reached it in {rounds} rounds, or diverged, counts as {rounds + 1} ([k/n]: seeds that reached it).")
     if noop:
-        twins = cells[cells["arm"].isin(noop)].assign(arm=lambda f: f["arm"].str.replace(", λ=1: no-op", ""))
-        both = twins.merge(cells, on=["arm", "seed", *CELL], suffixes=("", "_0"))
-        print(f"\nDeterminism check: extrapolation with λ = 1 (a no-op) gave the same rounds to target as λ = 0 in "
-              f"{int((both['rounds'] == both['rounds_0']).sum())} of {len(both)} confirm runs.")
+        twin_of = {a: a.replace(", λ=1: no-op", "") for a in noop}
+        print(determinism_check(cells, CELL, twin_of, "extrapolation with λ = 1 (a no-op) gave the same rounds to "
+                                "target as λ = 0"))
     where = f"{len(cells[CELL].drop_duplicates())} cells"
     fedlga = sorted((a for a in overall.index if a.startswith("fedlga")), key=simplicity)
     lead = min(fedlga, key=lambda a: overall[a])

@@ -13,6 +13,7 @@ import sys
 import time
 
 from fedsweep.config.names import short
+from fedsweep.runs.summary import first_at_target
 from fedsweep.sweep.callbacks import member_status, trial_error
 from fedsweep.sweep.spec import drawn_payload
 
@@ -209,8 +210,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 return
             target = payloads[index]["run"].get("eval", {}).get("target_accuracy")
             hit, best = self.seen.get(index, (None, -math.inf))
-            if target is not None and hit is None:
-                hit = next((rnd for rnd, acc in accs if acc >= target), None)
+            if hit is None and (row := first_at_target(rows, target, f"{split}/accuracy")):
+                hit = row["round"]
             best = max(best, max(acc for _, acc in accs))
             self.seen[index] = (hit, best)
             key = (hit is not None, -(hit or 0), best)   # larger leads
