@@ -10,10 +10,12 @@ difference [adjusted interval], seeds (why they stopped), 80% power at ±x` over
 paired by seed (docs/sweeps.md, "Intervals and verdicts"): the adjusted interval is the one the verdict
 reads, so it excludes 0 exactly where the verdict is `better` or `worse`. Then, for the sweeps with one
 setting key, whether each method's lead changes from its first value to its last (interactions.csv).
-Last, the results-level family: the claims of docs/results.md's headline as one family, each sweep's
-Holm-adjusted p times the number of sweeps (Bonferroni over the claims on top of Holm within each: the
-chance of any false `better` or `worse` among all of them stays below 0.05); a call that survives
-it holds across the claims, one that does not holds only within its own sweep.
+Last, the results-level family: the claims of docs/results.md's headline as one family. Each sweep
+holds one Holm family of comparisons and, where it tests an interaction, one of interactions, each at
+0.05; over all of them each row's Holm-adjusted p is multiplied by the number of these families
+(Bonferroni over the families on top of Holm within each: the chance of any false `better`, `worse`
+or interaction call among all of them stays below 0.05). A call that survives holds across the
+claims; one that does not holds only within its own sweep. `equivalent` calls are not re-tested there.
 """
 from __future__ import annotations
 
@@ -80,17 +82,18 @@ def interactions(reports: Path) -> str:
 
 
 def across_claims(reports: Path) -> str:
-    """Each `better` / `worse` row (and interaction) with its sweep's adjusted p × the number of
-    sweeps read: whether it is still called when the claims are one family."""
+    """Each `better` / `worse` row and interaction call with its family's Holm-adjusted p × the number of
+    families read (each sweep's comparisons.csv and interactions.csv): whether it is still called when
+    every claim's tests are one family."""
     files = [(sweep, kind, reports / sweep / f"{kind}.csv") for sweep in SWEEPS
              for kind in ("comparisons", "interactions")]
-    read = {sweep for sweep, _, path in files if path.exists()}
-    k = len(read)
-    lines = [f"Calls across the {k} claims (each sweep's Holm-adjusted p × {k}; called where below 0.05):", "",
-             "| sweep | row | metric | verdict | adjusted p | × claims | across the claims |", "|---|---|---|---|---|---|---|"]
+    files = [f for f in files if f[2].exists()]
+    k = len(files)
+    lines = [f"Calls across the {len({sweep for sweep, _, _ in files})} claims, {k} families (each sweep's comparisons "
+             f"and its interactions; each row's Holm-adjusted p × {k}; called where below 0.05):", "",
+             "| sweep | row | metric | verdict | adjusted p | × families | across the claims |",
+             "|---|---|---|---|---|---|---|"]
     for sweep, kind, path in files:
-        if not path.exists():
-            continue
         for r in csv.DictReader(open(path)):
             if r["verdict"] not in ("better", "worse", "lead grows", "lead shrinks"):
                 continue
