@@ -204,6 +204,36 @@ def test_a_deleted_experiment_is_refused_before_training_and_mid_run_keeps_the_r
     assert steps(uri, run.info.run_id) == list(range(1, done + 1))
 
 
+def test_a_failing_write_waits_out_its_pause_while_rounds_keep_coming(tmp_path):
+    """A write the store refuses is tried again after its pause (1 s, then 2 s, ...), not at every
+    operation a round submits: retried at each, the growing backlog was rewritten and rolled back
+    every round (299 tries in 3 s here, and a run 7x slower once its disk filled)."""
+    from fedsweep.runs.writer import Writer
+
+    class Counted(Writer):
+        tries = 0
+
+        def apply(self, op):
+            Counted.tries += 1
+            super().apply(op)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    said = []
+    writer = Counted(uri, say=said.append)
+    writer.open_run("run", experiment="faults", name="r")
+    writer.rows("run", [{"round": 1, "train/loss": 1.0}])
+    wait_for(lambda: not writer.ops, 120, "the run to be written")
+    client_of(uri).delete_experiment(writer.experiment_id("faults"))   # every later write is refused
+    before, start = Counted.tries, time.monotonic()
+    for r in range(2, 302):                                            # 3 s of rounds, 100 a second
+        writer.rows("run", [{"round": r, "train/loss": 1.0}])
+        time.sleep(0.01)
+    tries = Counted.tries - before
+    assert len(said) == 1 and "deleted" in said[0]
+    assert 1 <= tries <= 2 + (time.monotonic() - start) // 2, tries   # at 0 s, 1 s, 3 s (+ slack)
+    assert writer.close(0.5) is False and writer.ops                   # refused: kept for `fedsweep log`
+
+
 def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
     """`--resume` of a run stopped early continues the MLflow run its checkpoint names, from the
     first round it lacks; resumed with another round count (a param MLflow cannot change), it is a

@@ -60,6 +60,7 @@ class Writer:
         self._stop = False
         self._hurry = False                    # close(): rows are written at once
         self._rows_written = float("-inf")     # when rows were last written
+        self._retry_at = float("-inf")         # after a failed write: not tried again before this
 
     # -- what callers write ---------------------------------------------------------------------
     def open_run(self, key: str, experiment: str | None = None, name: str = "", *, experiment_id: str | None = None,
@@ -131,7 +132,10 @@ class Writer:
                     self._cv.wait()
                 if self._stop:
                     return
-                wait = self._rows_wait()
+                # A write that failed waits out its pause even though new operations arrive (each
+                # round submits some): retried at every one, a failing store's growing backlog was
+                # rewritten and rolled back each round, and a run went 7x slower once its disk filled.
+                wait = max(self._retry_at - time.monotonic(), self._rows_wait())
                 if wait > 0:
                     self._cv.wait(wait)
                     continue
@@ -143,8 +147,8 @@ class Writer:
                 with self._cv:
                     self._busy = False
                     self._failed(e)
+                    self._retry_at = time.monotonic() + pause   # close() tries once more at once
                     self._cv.notify_all()
-                    self._cv.wait(pause)   # close() wakes it
                 pause = min(2 * pause, MAX_PAUSE)
                 continue
             with self._cv:
@@ -222,6 +226,7 @@ class Writer:
         What is left waits in :attr:`ops` for :meth:`save`."""
         with self._cv:
             self._hurry = True
+            self._retry_at = float("-inf")
             self._cv.notify_all()
         done = self.drain(max(grace - self.announce_wait(grace), 0.0))
         with self._cv:
