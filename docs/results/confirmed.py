@@ -112,11 +112,13 @@ def determinism_check(cells: pd.DataFrame, cell: Sequence[str], twin_of: dict[st
 
 
 def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], rounds: int,
-                 margin: float = 0.0) -> pd.DataFrame:
+                 margin: float = 0.0, bounds: tuple[float, float] | None = None) -> pd.DataFrame:
     """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm
     family: difference arm − reference (lower is better), its interval and the adjusted one (inside
-    ±R: a score lies in [1, R + 1]), verdict, power (``power_mde``)."""
-    metric = Metric("score", higher_is_better=False, margin=margin, low=1.0, high=rounds + 1.0)
+    ±R: a score lies in [1, R + 1]; ``bounds``: other values a column can take), verdict, power
+    (``power_mde``)."""
+    low, high = bounds or (1.0, rounds + 1.0)
+    metric = Metric("score", higher_is_better=False, margin=margin, low=low, high=high)
     family = {}   # a setting per pair keeps the pairs apart; Holm runs over all of them
     for label, arm, ref in pairs:
         for role, name in (("arm", arm), ("ref", ref)):
@@ -125,6 +127,30 @@ def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], ro
     table["setting"] = [label for label, _, _ in pairs]
     table["method"] = [arm for _, arm, _ in pairs]
     table["reference"] = [ref for _, _, ref in pairs]
+    return table
+
+
+def lead_change(cells: pd.DataFrame, cell: Sequence[str], along: str, arms: Sequence[str], reference: str,
+                rounds: int) -> pd.DataFrame:
+    """Whether each arm's lead over ``reference`` changes between the first and the last value of
+    ``along``, one of the ``cell`` keys (an interaction, as interactions.csv tests one): per confirm
+    seed, (arm − reference at the last value) − (the same at the first), each a mean over the other
+    cells at that value; one Holm family over ``arms``. Verdicts read `lead grows` (the change is
+    called below 0: fewer rounds than the reference by more at the last value), `lead shrinks`, or
+    as compare_arms says them."""
+    values = sorted(cells[along].unique())
+    first, last = values[0], values[-1]
+    gaps = {}
+    for value in (first, last):
+        at = cells[cells[along] == value]
+        per_seed = seed_scores(at, cell)
+        for arm in arms:
+            gaps[f"{arm} at {value:g}"] = per_seed[arm] - per_seed[reference]
+    frame = pd.DataFrame(gaps).dropna()
+    pairs = [(f"{along}: {first:g} → {last:g}", f"{arm} at {last:g}", f"{arm} at {first:g}") for arm in arms]
+    table = compare_arms(frame, pairs, rounds, bounds=(-float(rounds), float(rounds)))
+    table["verdict"] = table["verdict"].replace({"better": "lead grows", "worse": "lead shrinks"})
+    table["method"], table["reference"] = list(arms), reference   # read as: the arm's lead over it
     return table
 
 
