@@ -37,6 +37,6 @@ def test_lead_change_calls_the_direction_the_runs_have(gap_at, verdict, change):
     table = lead_change(cells(gap_at), CELL, "rho", ["a"], "fedavg", rounds=60)
     (row,) = table.to_dict(orient="records")
     assert row["verdict"] == verdict and row["method"] == "a" and row["reference"] == "fedavg"
-    assert row["n_seeds"] == 14 and abs(row["difference"] - change) < 0.5
-    assert row["adj_ci_low"] <= row["difference"] <= row["adj_ci_high"]
+    assert row["n_seeds"] == 14 and abs(row["change"] - change) < 0.5
+    assert row["adj_ci_low"] <= row["change"] <= row["adj_ci_high"]
     assert (row["adj_ci_high"] < 0) == (verdict == "lead grows") and (row["adj_ci_low"] > 0) == (verdict == "lead shrinks")

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from fedsweep.reports import load_trials
-from fedsweep.reports.stats import Metric, comparison_table
+from fedsweep.reports.stats import Metric, comparison_table, interaction_table
 from fedsweep.runs.tracking import resolve_tracking_uri
 from fedsweep.sweep.spec import expand, load_sweep
 
@@ -112,13 +112,11 @@ def determinism_check(cells: pd.DataFrame, cell: Sequence[str], twin_of: dict[st
 
 
 def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], rounds: int,
-                 margin: float = 0.0, bounds: tuple[float, float] | None = None) -> pd.DataFrame:
+                 margin: float = 0.0) -> pd.DataFrame:
     """comparisons.csv's rows for (label, arm, reference) pairs of columns of ``scores``, one Holm
     family: difference arm − reference (lower is better), its interval and the adjusted one (inside
-    ±R: a score lies in [1, R + 1]; ``bounds``: other values a column can take), verdict, power
-    (``power_mde``)."""
-    low, high = bounds or (1.0, rounds + 1.0)
-    metric = Metric("score", higher_is_better=False, margin=margin, low=low, high=high)
+    ±R: a score lies in [1, R + 1]), verdict, power (``power_mde``)."""
+    metric = Metric("score", higher_is_better=False, margin=margin, low=1.0, high=rounds + 1.0)
     family = {}   # a setting per pair keeps the pairs apart; Holm runs over all of them
     for label, arm, ref in pairs:
         for role, name in (("arm", arm), ("ref", ref)):
@@ -133,25 +131,28 @@ def compare_arms(scores: pd.DataFrame, pairs: Sequence[tuple[str, str, str]], ro
 def lead_change(cells: pd.DataFrame, cell: Sequence[str], along: str, arms: Sequence[str], reference: str,
                 rounds: int) -> pd.DataFrame:
     """Whether each arm's lead over ``reference`` changes between the first and the last value of
-    ``along``, one of the ``cell`` keys (an interaction, as interactions.csv tests one): per confirm
-    seed, (arm − reference at the last value) − (the same at the first), each a mean over the other
-    cells at that value; one Holm family over ``arms``. Verdicts read `lead grows` (the change is
-    called below 0: fewer rounds than the reference by more at the last value), `lead shrinks`, or
-    as compare_arms says them."""
+    ``along``, one of the ``cell`` keys: `fedsweep report`'s own interaction test (interactions.csv's
+    rows, fedsweep.reports.stats.interaction_table) on each arm's per-seed score at those two values,
+    a mean over the other cells at each. ``lead grows``: fewer rounds than the reference by more at
+    the last value."""
     values = sorted(cells[along].unique())
-    first, last = values[0], values[-1]
-    gaps = {}
-    for value in (first, last):
-        at = cells[cells[along] == value]
-        per_seed = seed_scores(at, cell)
-        for arm in arms:
-            gaps[f"{arm} at {value:g}"] = per_seed[arm] - per_seed[reference]
-    frame = pd.DataFrame(gaps).dropna()
-    pairs = [(f"{along}: {first:g} → {last:g}", f"{arm} at {last:g}", f"{arm} at {first:g}") for arm in arms]
-    table = compare_arms(frame, pairs, rounds, bounds=(-float(rounds), float(rounds)))
-    table["verdict"] = table["verdict"].replace({"better": "lead grows", "worse": "lead shrinks"})
-    table["method"], table["reference"] = list(arms), reference   # read as: the arm's lead over it
-    return table
+    per_seed = {}
+    for value in (values[0], values[-1]):   # inserted first, then last: the order the test reads
+        scores = seed_scores(cells[cells[along] == value], cell)
+        for arm in (*arms, reference):
+            per_seed[(f"{value:g}", arm)] = scores[arm].dropna().rename("score").reset_index()
+    metric = Metric("score", higher_is_better=False, low=1.0, high=rounds + 1.0)
+    return interaction_table(per_seed, reference, {"rounds": metric})
+
+
+def interactions_markdown(table: pd.DataFrame, along: str) -> str:
+    lines = ["| from → to | arm | reference | seeds | change [95% CI] | adjusted CI | p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {along} {r['from']} → {r['to']} | {r['method']} | {r['reference']} | {r['n_seeds']} | "
+                     f"{r['change']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
+                     f"[{r['adj_ci_low']:+.2f}, {r['adj_ci_high']:+.2f}] | {r['p_adjusted']:.3g} | {r['verdict']} |")
+    return "\n".join(lines)
 
 
 def power(mde: float) -> str:

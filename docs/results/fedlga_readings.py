@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from confirmed import (cell_table, compare_arms, comparisons_markdown, determinism_check, lead_change,  # noqa: E402
-                       scored_study)
+from confirmed import (cell_table, compare_arms, comparisons_markdown, determinism_check,  # noqa: E402
+                       interactions_markdown, lead_change, scored_study)
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "fedlga_readings.yaml"
 CELL = ["data.partition.kind", "heterogeneity.rho"]
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     grows = lead_change(cells[cells["seed"].isin(scores.index)], CELL, "heterogeneity.rho", asked, "fedavg", rounds)
     print("\nDoes the lead over FedAvg grow from ρ = 0.1 to 0.9? (added after the run, not in the rule: per confirm "
           "seed, (arm − FedAvg at ρ = 0.9) − (arm − FedAvg at ρ = 0.1), each the mean over the two partitions; "
-          "Holm over these):\n\n" + comparisons_markdown(grows))
+          "Holm over these):\n\n" + interactions_markdown(grows, "ρ"))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "pick": pick, "lowest": lead, "overall": overall.to_dict(),
