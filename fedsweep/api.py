@@ -168,7 +168,8 @@ def _run_result(cfg: RunConfig, summary: dict, module) -> RunResult:
     rounds = rounds.set_index("round") if len(rounds) else rounds
     evaluated = rounds["test/accuracy"].notna() if "test/accuracy" in rounds else pd.Series(False, index=rounds.index)
     fmodel = module.fmodel
-    model = copy.deepcopy(fmodel.module).cpu()
+    from fedsweep.engine.dropout import unseeded
+    model = unseeded(copy.deepcopy(fmodel.module).cpu())   # its dropout layers as the user wrote them
     fmodel.load_into(module.w.detach().cpu(), model)
     for name, buffer in model.named_buffers():   # BatchNorm's statistics: the model's state, not in w
         if name in fmodel.buffers:

@@ -39,6 +39,7 @@ def close(a, b):
 
 class QuadraticModel:
     """Duck-types the FunctionalModel interface the engines use."""
+    random = False   # no dropout: batches carry no key
 
     def __init__(self, dim: int):
         self.dim = dim
@@ -51,10 +52,12 @@ class QuadraticModel:
 
 
 def make_algorithm(name: str, num_clients: int, dim: int, sizes, weighting: str = "uniform",
-                   local_steps: int = 3, **params):
+                   local_steps: int = 3, layout: tuple = (), **params):
+    """``layout``: the parameters' (name, start, stop) in w, for algorithms that split the model."""
     cls = get_algorithm_class(name)
     ctx = SetupContext(num_clients=num_clients, dim=dim, client_sizes=torch.as_tensor(sizes),
-                       weighting=weighting, local_steps=local_steps, device=torch.device("cpu"), dtype=DTYPE)
+                       weighting=weighting, local_steps=local_steps, device=torch.device("cpu"), dtype=DTYPE,
+                       layout=layout)
     return cls(cls.Params(**params), ctx)
 
 

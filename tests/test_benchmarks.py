@@ -215,3 +215,16 @@ def test_clients_benchmark(tmp_path):
     assert all(len(r["round_ms_each"]) == 2 and r["round_ms"] > 0 and r["peak_rss_mb"] > r["data_mb"] for r in rows)
     assert rows[0]["round_vs_smallest_n"] == 1.0 and rows[1]["data_mb"] > 10 * rows[0]["data_mb"]
     assert all(0 < r["clients_with_state"] <= 30 and r["client_state_mb"] > 0 for r in rows)
+
+
+def test_client_eval_benchmark(tmp_path):
+    out = tmp_path / "client_eval.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "client_eval.py"), "--clients", "20", "--rounds", "10",
+                    "--mean-samples", "5", "--repeat", "1", "--threads", "1", "--json", str(out)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    result = json.loads(out.read_text())
+    (part,) = result["parts"]
+    assert part["clients"] == 20 and part["test_samples_held"] >= part["distinct_test_samples"] > 0
+    assert all(part[f"{p}_ms"] > 0 and part[f"{p}_loop_vs_vectorized"] > 0 for p in ("global", "own", "finetune_64"))
+    (cost,) = result["rounds_cost"]
+    assert cost["round_ms_without"] > 0 and cost["clients_vs_without"] > 0 and cost["finetune_vs_without"] > 0

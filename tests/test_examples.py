@@ -15,7 +15,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FEDSWEEP = shutil.which("fedsweep", path=os.path.dirname(sys.executable)) or "fedsweep"
 # the example -> (the sweep's trials, a method of its own in the report, a plugin module)
 SWEEPS = {"fedexp": (12, "fedexp", "fedexp"), "model": (8, "fedprox", "models"),
-          "dataset": (12, "scaffold", "datasets"), "mylab": (12, "fedavg_decay", "mylab")}
+          "dataset": (12, "scaffold", "datasets"), "mylab": (12, "fedavg_decay", "mylab"),
+          "personal": (12, "lgfedavg", "lgfedavg")}
 
 
 def _fedsweep(folder: Path, home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -48,6 +49,16 @@ def test_an_example_sweeps_and_reports_from_a_folder_outside_the_repository(name
         assert run.data.tags[f"fedsweep.plugin.{module}.file"] == str(source)
     (local,) = [client.download_artifacts(runs[0].info.run_id, f"plugins/{module}.py", str(tmp_path / "got"))]
     assert Path(local).read_text() == source.read_text()
+    if name == "personal":   # every run scored per client; the personalized ones' personal models too
+        assert "## Per-client accuracy" in text and "| fine-tuned: mean / worst 10% / min |" in text
+        assert "personal: mean / worst 10% / min" in text and "![each client's test accuracy](client_accuracy.png)" in text
+        assert (folder / "reports" / "personal_example" / "client_accuracy.png").stat().st_size > 10_000
+        for run in runs:
+            metrics = run.data.metrics
+            assert 0 <= metrics["summary/final_clients_accuracy_p10"] <= metrics["summary/final_finetuned_accuracy_mean"]
+            personal = run.data.tags["fedsweep.method"] in ("fedper", "lgfedavg")
+            assert ("summary/final_personal_accuracy_p10" in metrics) == personal
+            assert any(a.path == "client_eval.csv" for a in client.list_artifacts(run.info.run_id))
 
 
 def test_the_batchnorm_model_trains_on_the_loop_engine_and_says_why(tmp_path, fresh_home):
@@ -59,7 +70,8 @@ def test_the_batchnorm_model_trains_on_the_loop_engine_and_says_why(tmp_path, fr
 
 
 def test_the_examples_algorithms_pass_fedsweep_check(tmp_path, fresh_home):
-    for name, algorithm, plugin in (("fedexp", "fedexp", "fedexp.py"), ("mylab", "fedavg_decay", "sweep.yaml")):
+    for name, algorithm, plugin in (("fedexp", "fedexp", "fedexp.py"), ("mylab", "fedavg_decay", "sweep.yaml"),
+                                    ("personal", "lgfedavg", "lgfedavg.py")):
         folder = tmp_path / name
         shutil.copytree(EXAMPLES / name, folder)
         checked = _fedsweep(folder, fresh_home, "check", algorithm, "--plugins", plugin)

@@ -43,7 +43,8 @@ class BatchNormCNN(nn.Module):
     """A small CNN with BatchNorm: its running statistics change in every forward pass, which
     torch.func.vmap cannot do for K stacked clients, so `engine: auto` trains it on the loop engine
     and says why (`engine: vectorized` is refused in one line). The statistics are the model's
-    buffers, kept in checkpoints with it, shared by the clients (not averaged: they are not parameters)."""
+    buffers, kept in checkpoints with it, updated by every client's steps in turn (not averaged: they
+    are not parameters); evaluation runs in eval mode, on them."""
 
     def __init__(self, input_shape, num_classes,
                  channels: Annotated[int, Field(ge=1, description="Channels of the convolution.")] = 16):

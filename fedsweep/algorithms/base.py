@@ -24,12 +24,15 @@ server side — plain code over the K stacked uploads:
     round_metrics(plan)        -> extra per-round scalars for the metric history (FedSoftMax's weights/*)
     client_record(plan)        -> per-client values of this round, (K,) each, kept in clients.csv
                                   (FedSoftMax's α_i and p_i); {} keeps nothing
+    personal_models(w, clients)-> each given client's personal model (M, n) for per-client evaluation
+                                  (``eval.clients``: personal/*); None (the default): it has none
     state_dict/load_state_dict -> everything above that persists, so checkpoints resume exactly
     communication(plan)        -> model-size units uploaded and downloaded this round
     compute(plan)              -> gradient evaluations spent on clients this round
 
 ``ops`` gives the model as functions of a flat vector: ``ops.grad(w, batch) -> (loss, g)`` and
-``ops.loss(w, batch) -> loss``, where ``batch = (x, y, weight)`` with per-sample weights that sum
+``ops.loss(w, batch) -> loss``, where ``batch = (x, y, weight)`` (``(x, y, weight, key)`` for a model with
+dropout: the key of its masks; pass batches to ``ops`` whole) with per-sample weights that sum
 to 1 over the real samples (0 on padding), so the loss is the mean cross-entropy of the batch. Extra gradient passes (FedSAM), a gradient at w^t before training (FedCLG, MimeLite:
 ``probe`` holds a batch of the client's data, declared by ``probe``) and each client's loss at w^t
 (FedSoftMax) are all expressed through ``ops`` and ``probe``. Step masks for heterogeneity live in
@@ -78,6 +81,8 @@ class SetupContext:
     device: torch.device
     dtype: torch.dtype
     ops: "ModelOps | None" = None   # server-side model functions (plain autograd): hybrid FL's g_s
+    #: (parameter name, start, stop) of each of the model's parameters in w, in order (FedPer's head)
+    layout: tuple[tuple[str, int, int], ...] = ()
 
 
 class NoParams(BaseModel):
@@ -157,6 +162,13 @@ class Algorithm:
         """Per-client values (K,) of this round (called after ``aggregate``), one row per sampled
         client in ``clients.csv``; {} records nothing."""
         return {}
+
+    def personal_models(self, w: Tensor, clients: Tensor) -> Tensor | None:
+        """The personal models (M, n) of ``clients`` (M client ids, on the device) as flat vectors, for
+        per-client evaluation (``eval.clients``: ``personal/*``): Ditto's v_k, FedPer's head on the
+        global body. Called outside training, in eval mode; must not change the algorithm's state.
+        None: the algorithm has none (the default)."""
+        return None
 
     def state_dict(self) -> dict[str, Tensor]:
         return {}

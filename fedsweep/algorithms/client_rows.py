@@ -44,6 +44,10 @@ class ClientRows:
             out[(~held).to(self.device)] = 0                      # clients without a row read zeros
         return out
 
+    def held(self, ids: "torch.Tensor") -> "torch.Tensor":
+        """bool (K,) on the CPU: whether each of clients ``ids`` has a row (has been written)."""
+        return self.slot[ids.cpu()] >= 0
+
     def set(self, ids: "torch.Tensor", values: "torch.Tensor", where: "torch.Tensor | None" = None) -> None:
         """Write the rows of clients ``ids`` (distinct), allocating those they do not have yet; with
         ``where`` (bool, like ``ids``) only theirs where it is true (a dropped client keeps its row, or

@@ -43,6 +43,19 @@ def check_validation_clients(data, evaluation) -> None:
                           f"allowed 1..{data.num_clients} (unset: every client)")
 
 
+def check_client_evaluation(data, evaluation) -> None:
+    """``eval.clients``: at least 1 and at most N; fine-tuning is scored per client, so it needs them."""
+    wanted = evaluation.clients
+    if isinstance(wanted, int) and not 1 <= wanted <= data.num_clients:
+        raise ConfigError(f"eval.clients: {wanted} clients cannot be drawn from data.num_clients N={data.num_clients}; "
+                          f"allowed 1..{data.num_clients} or all (unset: no per-client evaluation)")
+    if wanted is None:
+        for key in ("finetune_steps", "finetune_lr"):
+            if key in evaluation.model_fields_set and getattr(evaluation, key):
+                raise ConfigError(f"eval.{key}: fine-tuned models are scored per client; set eval.clients "
+                                  f"(all, or how many to draw) or unset eval.{key}")
+
+
 def check_leaf_keys(data) -> None:
     """``data.name: leaf`` reads LEAF's files from ``data.root``, which fedsweep cannot fetch: LEAF
     makes them with its own scripts (its preprocess.sh samples and splits the users)."""

@@ -40,6 +40,8 @@ BUILTINS = (
     "fedsweep.algorithms.fedsam",
     "fedsweep.algorithms.hybrid",
     "fedsweep.algorithms.lossaware",
+    "fedsweep.algorithms.personal",
+    "fedsweep.algorithms.fairness",
     "fedsweep.sim.zoo",
     "fedsweep.data.builtin",
 )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fedsweep.util.errors import ConfigError  # re-exported: `from fedsweep.config.schema import ConfigError` works
 from fedsweep.config.registry import get_algorithm_class
 from fedsweep.config.components import DataConfig, ModelConfig, PartitionConfig  # noqa: F401  (re-exported)
-from fedsweep.config.checks import check_local_work, check_validation_clients
+from fedsweep.config.checks import check_client_evaluation, check_local_work, check_validation_clients
 from fedsweep.config.yamlfile import DuplicateKey, UniqueKeyLoader, parse_yaml
 
 
@@ -150,6 +150,27 @@ class EvalConfig(_Strict):
     validation_clients: int | None = Field(
         None, ge=1, description="`data.validation: federated`: how many clients each evaluation draws to pool their "
         "validation samples into val/* (unset: every client); few clients, noisy val/* (Kuo et al., MLSys 2023).")
+    clients: int | Literal["all"] | None = Field(
+        None, description="Per-client evaluation at every evaluation (docs/run.md, Per-client evaluation): `all` "
+        "clients, or this many drawn once for the run from (seed, -1, \"eval clients\"); each is scored on its own "
+        "test data (`client_test`) and, with a validation split, its own validation data, giving clients/* "
+        "(the global model), finetuned/* (`finetune_steps`) and personal/* (an algorithm's personal models). "
+        "Unset: off.")
+    client_test: Literal["auto", "natural", "matched"] = Field(
+        "auto", description="Each evaluated client's test data: `natural`, its own test samples where the dataset "
+        "has them (LEAF's users, a dataset's `client_test_indices`); `matched`, `client_test_size` samples drawn "
+        "from the test split with the client's training label mix; `auto`: natural where there are any, else "
+        "matched.")
+    client_test_size: int = Field(
+        100, ge=1, description="`client_test: matched`: test samples drawn for each evaluated client (the class "
+        "counts by largest remainder of its label shares, each class at most what the test split holds); the "
+        "same count is drawn from a central validation split for its validation twin.")
+    finetune_steps: int = Field(
+        0, ge=0, description="With `clients`: also score the global model fine-tuned on each evaluated client's "
+        "training data for this many local SGD steps (batch `local.batch_size`, lr `finetune_lr`), the FedAvg+FT "
+        "baseline: finetuned/*. 0: off.")
+    finetune_lr: float | None = Field(
+        None, gt=0, description="The fine-tuning steps' lr (default `local.lr`, undecayed).")
     divergence_factor: float | None = Field(
         1000.0, gt=1, description="A round whose `train/loss` is above this many times ln(number of classes), "
         "the loss of a uniform guess (2.30 for 10 classes), marks the run diverged and stops it, as a NaN/inf "
@@ -229,6 +250,7 @@ class RunConfig(_Strict):
             raise ConfigError(f"server_data.fraction: algorithm {self.algorithm.name!r} trains on server data; "
                               f"set server_data.fraction > 0 (FedCLG: 0.01-0.1) or server_data.size")
         check_validation_clients(self.data, self.eval)
+        check_client_evaluation(self.data, self.eval)
         return self
 
     # -- helpers -------------------------------------------------------------------------------

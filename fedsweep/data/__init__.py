@@ -42,7 +42,9 @@ class FederatedData:
     (:func:`fedsweep.data.server.round_server_indices`).
     ``validation`` (``data.validation``, '' without a split): ``central`` has its samples in ``x_val``,
     ``y_val``; ``federated`` has each client's in ``val_indices`` (int64 indices into ``x_train``, empty
-    for a client of one sample), disjoint from ``client_indices``.
+    for a client of one sample), disjoint from ``client_indices``. ``client_test`` (None unless the
+    dataset gives them: LEAF's users, a natural split's ``client_test_indices``): each client's own
+    indices into ``x_test``, which per-client evaluation reads (``eval.client_test``).
     """
     name: str
     x_train: torch.Tensor
@@ -60,11 +62,14 @@ class FederatedData:
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
     val_indices: ClientIndex | None = None
+    client_test: ClientIndex | None = None
 
     def __post_init__(self):
         self.client_indices = ClientIndex.from_parts(self.client_indices)
         if self.val_indices is not None:
             self.val_indices = ClientIndex.from_parts(self.val_indices)
+        if self.client_test is not None:
+            self.client_test = ClientIndex.from_parts(self.client_test)
 
     def to(self, device: torch.device | str) -> "FederatedData":
         """A copy with every tensor on ``device`` (a no-op copy where it already is)."""
@@ -76,7 +81,8 @@ class FederatedData:
             server_pool=None if self.server_pool is None else self.server_pool.to(device),
             x_val=None if self.x_val is None else self.x_val.to(device),
             y_val=None if self.y_val is None else self.y_val.to(device),
-            val_indices=None if self.val_indices is None else self.val_indices.to(device))
+            val_indices=None if self.val_indices is None else self.val_indices.to(device),
+            client_test=None if self.client_test is None else self.client_test.to(device))
 
     @property
     def num_clients(self) -> int:
@@ -139,6 +145,7 @@ def load_federated(cfg: DataConfig, seed: int, server: ServerDataConfig | None =
         x_val=x_train[central] if central is not None else None,
         y_val=y_train[central] if central is not None else None,
         val_indices=None if s.val_parts is None else ClientIndex.from_parts(s.val_parts),
+        client_test=None if src.client_test_indices is None else ClientIndex.from_parts(src.client_test_indices),
     )
 
 

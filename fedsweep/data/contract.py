@@ -19,13 +19,17 @@ class Source:
     ``x_train``, ``x_test``: float samples, one a row, shape (n, d) or (n, C, H, W); ``y_train``,
     ``y_test``: integer labels 0..``num_classes`` − 1; numpy arrays or torch tensors (made float32 and
     int64). ``client_indices``: only for data with a natural split, one integer array a client of its
-    training rows (each client at least one, no row twice); None: ``data.partition`` splits them."""
+    training rows (each client at least one, no row twice); None: ``data.partition`` splits them.
+    ``client_test_indices``: with ``client_indices``, each client's own rows of the test split (LEAF's
+    per-user test samples; a client may have none), what per-client evaluation reads
+    (``eval.client_test: natural``); None: a client's test set is drawn to match its labels."""
     x_train: np.ndarray | torch.Tensor
     y_train: np.ndarray | torch.Tensor
     x_test: np.ndarray | torch.Tensor
     y_test: np.ndarray | torch.Tensor
     num_classes: int
     client_indices: list[np.ndarray] | None = None
+    client_test_indices: list[np.ndarray] | None = None
 
 
 def check_source(src, name: str, strict: bool = True) -> Source:
@@ -75,10 +79,14 @@ def check_source(src, name: str, strict: bool = True) -> Source:
     parts = src.client_indices
     if parts is not None and strict:
         parts = _check_parts(parts, len(arrays["y_train"]), where)
+    tests = src.client_test_indices
+    if tests is not None and strict:
+        tests = _check_test_parts(tests, parts, len(arrays["y_test"]), where)
     converted = {k: _as(v, "float32" if k.startswith("x") else "int64") for k, v in arrays.items()}
-    if all(converted[k] is getattr(src, k) for k in converted) and parts is src.client_indices and type(c) is int:
+    if all(converted[k] is getattr(src, k) for k in converted) and parts is src.client_indices and \
+            tests is src.client_test_indices and type(c) is int:
         return src
-    return Source(**converted, num_classes=int(c), client_indices=parts)
+    return Source(**converted, num_classes=int(c), client_indices=parts, client_test_indices=tests)
 
 
 def _is_tensor(a) -> bool:
@@ -102,6 +110,29 @@ def _as(a, dtype: str):
         return a if a.dtype == dtype else a.astype(dtype)
     want = getattr(torch, dtype)
     return a if a.dtype == want else a.to(want)
+
+
+def _check_test_parts(tests, parts, n: int, where: str) -> list[np.ndarray]:
+    """Each client's test rows: one integer array a client of ``client_indices``, within 0..n − 1, no
+    row twice in one client (empty allowed: a client without test samples is not scored)."""
+    if parts is None:
+        raise ConfigError(f"{where}: client_test_indices needs client_indices (a natural split): each client's "
+                          "test rows belong to the clients it names")
+    if isinstance(tests, np.ndarray) or not hasattr(tests, "__len__") or len(tests) != len(parts):
+        raise ConfigError(f"{where}: client_test_indices must be a list of index arrays, one for each of the "
+                          f"{len(parts)} clients of client_indices")
+    out = []
+    for i, p in enumerate(tests):
+        p = np.asarray(p.cpu() if _is_tensor(p) else p)
+        if p.ndim != 1 or (len(p) and p.dtype.kind not in "iu"):
+            raise ConfigError(f"{where}: client_test_indices[{i}] must be a 1-d array of integer test-row indices")
+        if len(p) and (p.min() < 0 or p.max() >= n):
+            raise ConfigError(f"{where}: client_test_indices[{i}] holds row "
+                              f"{int(p.max() if p.max() >= n else p.min())}, outside the {n} test samples")
+        if len(np.unique(p)) < len(p):
+            raise ConfigError(f"{where}: client_test_indices[{i}] holds a test row twice")
+        out.append(p.astype(np.int64, copy=False))
+    return out
 
 
 def _check_parts(parts, n: int, where: str) -> list[np.ndarray]:

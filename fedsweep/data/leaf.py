@@ -8,7 +8,8 @@ one holding ``train/`` and ``test/``) or the ``<dataset>`` folder above it.
 
 * Clients are the users of the train files, sorted by id, so the split does not depend on how LEAF
   cut them into files. ``data.num_clients`` N of U users: all of them (N = U), or N drawn from
-  ``np_rng(seed, -1, "leaf_users")`` (N < U). The test set is the chosen users' test samples.
+  ``np_rng(seed, -1, "leaf_users")`` (N < U). The test set is the chosen users' test samples, and
+  each client's own (``client_test_indices``) are its user's: per-client evaluation reads them.
 * Samples are numeric lists: 784 of them (FEMNIST's 28×28 images) make shape (1, 28, 28), any other
   length d shape (d,); float32, as LEAF wrote them (no normalization). Labels are class ids; the
   number of classes is the largest label of all users, train and test, + 1, so it is the same for
@@ -56,7 +57,7 @@ def load_leaf(root: str, num_clients: int, seed: int) -> Source:
     if len(src.y_test) == 0:
         raise _no_test_samples(folder, num_clients, len(data.users), seed)
     return Source(src.x_train, src.y_train, src.x_test, src.y_test, src.num_classes,
-                  client_indices=list(src.client_indices))
+                  client_indices=list(src.client_indices), client_test_indices=list(src.client_test_indices))
 
 
 def _no_test_samples(folder: str, n_clients: int, n_users: int, seed: int) -> ConfigError:
@@ -157,15 +158,17 @@ def _source(folder: str, stamp: tuple, chosen: tuple[int, ...] | None) -> Source
     order; kept, as the parse is, for the next trial of the same set-up."""
     d = _parsed(folder, stamp)
     if chosen is None:
-        x_tr, y_tr, off_tr, x_te, y_te = d.x_train, d.y_train, d.train_offsets, d.x_test, d.y_test
+        x_tr, y_tr, off_tr, x_te, y_te, off_te = d.x_train, d.y_train, d.train_offsets, d.x_test, d.y_test, d.test_offsets
     else:
         rows_tr, off_tr = _rows(d.train_offsets, chosen)
-        rows_te, _ = _rows(d.test_offsets, chosen)
+        rows_te, off_te = _rows(d.test_offsets, chosen)
         x_tr, y_tr, x_te, y_te = d.x_train[rows_tr], d.y_train[rows_tr], d.x_test[rows_te], d.y_test[rows_te]
     clients = [np.arange(off_tr[i], off_tr[i + 1], dtype=np.int64) for i in range(len(off_tr) - 1)]
-    for a in (x_tr, y_tr, x_te, y_te, *clients):
+    tests = [np.arange(off_te[i], off_te[i + 1], dtype=np.int64) for i in range(len(off_te) - 1)]
+    for a in (x_tr, y_tr, x_te, y_te, *clients, *tests):
         a.flags.writeable = False
-    return Source(x_tr, y_tr, x_te, y_te, num_classes=d.num_classes, client_indices=clients)
+    return Source(x_tr, y_tr, x_te, y_te, num_classes=d.num_classes, client_indices=clients,
+                  client_test_indices=tests)
 
 
 def _rows(offsets: np.ndarray, chosen: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

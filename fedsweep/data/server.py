@@ -52,7 +52,7 @@ def cosine(p, q) -> float:
     return float(p @ q) / den if den > 0 else 0.0
 
 
-def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     """Integer counts summing to ``total``, proportional to ``weights``; remainders broken by
     size, then by the lower index (deterministic)."""
     w = np.asarray(weights, dtype=np.float64)
@@ -68,7 +68,7 @@ def _draw_quota(pool_counts: np.ndarray, m_s: int) -> np.ndarray:
     """Per-class counts of one round's draw: the pool's mix scaled to m_s (largest remainder)."""
     if pool_counts.sum() == m_s:
         return pool_counts.copy()
-    return _largest_remainder(pool_counts, m_s)
+    return largest_remainder(pool_counts, m_s)
 
 
 def _size_error(what: str, cfg: ServerDataConfig, m_s: int, n: int) -> ConfigError:
@@ -109,7 +109,7 @@ def split_pool(labels: np.ndarray, cfg: ServerDataConfig, num_classes: int, seed
     rng = np_rng(seed, -1, "server_pool")
 
     if cfg.shift is None or cfg.shift >= 1.0:
-        counts = _largest_remainder(p, size)
+        counts = largest_remainder(p, size)
         short = np.flatnonzero(counts > avail)
         if len(short):
             c = int(short[0])
@@ -152,7 +152,7 @@ are tried in an order drawn from the seed (the first one
         def counts_at(lam: float) -> tuple[np.ndarray, np.ndarray]:
             q = (1.0 - lam) * p
             q[k] += lam
-            c = _largest_remainder(q, size)
+            c = largest_remainder(q, size)
             return c, _draw_quota(c, m_s)
 
         lo, hi = 0.0, 1.0  # cos(quota(lo)) >= s > cos(quota(hi)), up to rounding

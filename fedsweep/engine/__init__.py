@@ -14,6 +14,7 @@ import torch
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.client_index import ClientIndex
 from fedsweep.sim.heterogeneity import Batches, RoundPlan, schedule_batches
+from fedsweep.sim.rng import batch_keys
 
 
 @dataclass
@@ -38,7 +39,7 @@ def probe_batches(kind: str | None, plan: RoundPlan, clients: ClientIndex, batch
     if kind == "minibatch":
         return schedule_batches(plan, clients, batch_size, "steps", seed, steps=1, purpose="probe")
     rows, mask = clients.rows(plan.clients)                           # (K, n_max of all N)
-    return Batches(rows.unsqueeze(1), mask.unsqueeze(1))
+    return Batches(rows.unsqueeze(1), mask.unsqueeze(1), batch_keys(seed, plan.round, "probe", plan.clients, 1))
 
 
 def choose_engine(name: str, module: torch.nn.Module, device: torch.device | str,
@@ -52,7 +53,7 @@ def engine_choice(name: str, module: torch.nn.Module, device: torch.device | str
     """(the engine ``engine: name`` runs, why, for ``auto``). ``auto``: ``loop`` for a model with
     convolutions on a CPU (there ``vmap`` turns K convolutions into one grouped convolution, 0.5–0.7×
     the loop's speed) or one ``torch.func.vmap`` cannot run (:func:`vmap_problem`: BatchNorm's running
-    statistics, random dropout masks, ...), else ``vectorized`` (2.6–3.9× the loop for the MLP on 2 CPU
+    statistics, noise from the global RNG, ...; dropout layers are seeded and vmap), else ``vectorized`` (2.6–3.9× the loop for the MLP on 2 CPU
     cores; benchmarks/README.md). ``vectorized`` for a model vmap cannot run: one line, before training.
     ``input_shape`` None: the vmap check is not made."""
     if name == "loop":

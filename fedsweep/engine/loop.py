@@ -30,10 +30,11 @@ class LoopEngine:
         self.fmodel, self.algo, self.data = fmodel, algorithm, data
         self.ops = autograd_ops(fmodel)
 
-    def _batch(self, index, mask):
+    def _batch(self, index, mask, key):
         keep = index[mask]
         x, y = self.data.x[keep], self.data.y[keep]
-        return x, y, torch.full((keep.shape[0],), 1.0 / max(keep.shape[0], 1), dtype=x.dtype, device=x.device)
+        weight = torch.full((keep.shape[0],), 1.0 / max(keep.shape[0], 1), dtype=x.dtype, device=x.device)
+        return (x, y, weight, key) if self.fmodel.random else (x, y, weight)
 
     def run(self, w, plan, batches, probe, shared, own):
         """Uploads stacked (K, ...) and each client's mean training loss over its steps (K,)."""
@@ -49,12 +50,12 @@ class LoopEngine:
             ops = self.ops
             step_ops = ModelOps(grad=grad, loss=self.fmodel.loss)
             own_k = {name: v[k] for name, v in own.items()}
-            probe_k = self._batch(probe.index[k, 0], probe.mask[k, 0]) if probe is not None else None
+            probe_k = self._batch(probe.index[k, 0], probe.mask[k, 0], probe.keys[k, 0]) if probe is not None else None
             state = self.algo.client_init(w, shared, own_k, ops, probe_k)
             first = []
             for s in range(int(plan.steps[k])):
                 step_losses.clear()
-                batch = self._batch(batches.index[k, s], batches.mask[k, s])
+                batch = self._batch(batches.index[k, s], batches.mask[k, s], batches.keys[k, s])
                 state = self.algo.client_step(state, batch, step_ops, plan.lr, shared)
                 first.append(step_losses[0])
             uploads.append(self.algo.client_final(state, w, ops, probe_k))

@@ -14,7 +14,6 @@ from torch.func import grad_and_value, vmap
 from fedsweep.algorithms.base import ModelOps
 from fedsweep.engine import batched
 from fedsweep.engine.functional import masked_weights
-from fedsweep.sim.heterogeneity import Batches
 
 
 class VectorizedEngine:
@@ -45,8 +44,9 @@ class VectorizedEngine:
         vmapped per-client loss that vmapped client code calls, so the same numbers."""
         return vmap(self.fmodel.loss_vmappable, in_dims=(0 if w.dim() == 2 else None, 0))(w, batch)
 
-    def _gather(self, index, weight):
-        return self.data.x[index], self.data.y[index], weight
+    def _gather(self, index, weight, keys):
+        batch = self.data.x[index], self.data.y[index], weight
+        return (*batch, keys) if self.fmodel.random else batch
 
     def run(self, w, plan, batches, probe, shared, own):
         """Uploads stacked (K, ...) and each client's mean training loss over its steps (K,)."""
@@ -67,14 +67,14 @@ class VectorizedEngine:
         wd = 0 if per_row else None           # vmap's in_dim of w and of the shared tensors
         # what client_final and the losses see: the rows in plan order
         w_plan, steps_plan = w, steps
-        probe_plan = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype)) \
+        probe_plan = self._gather(probe.index[:, 0], masked_weights(probe.mask[:, 0], dtype), probe.keys[:, 0]) \
             if probe is not None else None
         probe_b = probe_plan
         if int(steps.min()) != int(steps.max()):
             order = torch.argsort(steps, descending=True, stable=True)
             steps = steps[order]
             dev_order = order.to(device)
-            batches = Batches(batches.index[dev_order], batches.mask[dev_order])
+            batches = batches.rows(dev_order)
             probe_b = tuple(t[dev_order] for t in probe_plan) if probe_plan is not None else None
             own = {k: v[dev_order] for k, v in own.items()}
             if per_row:
@@ -125,7 +125,7 @@ class VectorizedEngine:
                 finished.append(({key: v[k:] for key, v in state.items()}, loss_sum[k:]))
                 state, loss_sum = {key: v[:k] for key, v in state.items()}, loss_sum[:k]
             sh = {key: v[:k] for key, v in shared.items()} if per_row and k < K else shared
-            state, loss = step_fns[k](state, self._gather(batches.index[:k, s], weights[:k, s]), sh)
+            state, loss = step_fns[k](state, self._gather(batches.index[:k, s], weights[:k, s], batches.keys[:k, s]), sh)
             loss_sum = loss_sum + loss
         if finished:   # rows finish early only when their step counts differ, so the rows are ordered
             # Each part goes straight to its clients' rows in plan order: one copy of every row, and

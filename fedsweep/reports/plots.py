@@ -340,3 +340,44 @@ def search_draws_png(configs: pd.DataFrame, random_first: int, path: Path, title
     for ax in list(axes.flat)[len(studies):]:
         ax.set_visible(False)
     return save_figure(fig, path, title or f"optuna's draws in order (dashed: TPE after {random_first} random)")
+
+
+#: Per-client evaluation's models: the columns of client_eval.csv and how each is drawn.
+CLIENT_CURVES = (("accuracy", "global", "-"), ("finetuned_accuracy", "fine-tuned", "--"),
+                 ("personal_accuracy", "personal", ":"))
+
+
+def client_ecdf_png(best: pd.DataFrame, runs: _Runs, path: Path, title: str = "") -> Path | None:
+    """The distribution of per-client test accuracy at the last evaluation (``client_eval.csv``): per
+    setting a panel, per method its colour, per model a line style (global solid, fine-tuned dashed,
+    personal dotted); each line the ECDF of every evaluated client of the best config's runs, pooled.
+    None when no run evaluated per client."""
+    from fedsweep.runs.plots import plt
+    groups = _groups(best)
+    tables = {idx: [t for run in r["run_ids"] if (t := runs.client_eval(run)) is not None]
+              for idx, r in best.iterrows()}
+    if not any(tables.values()):
+        return None
+    colors = _colors(best["method"].unique())
+    fig, axes = _panel_grid(len(groups))
+    for ax, (label, g) in zip(axes.flat, groups):
+        for idx, r in g.iterrows():
+            if not tables[idx]:
+                continue
+            pooled = pd.concat(tables[idx])
+            for column, model, style in CLIENT_CURVES:
+                acc = np.sort(pooled[column].dropna().to_numpy()) if column in pooled else np.array([])
+                if acc.size:
+                    ax.step(acc, np.arange(1, acc.size + 1) / acc.size, where="post", ls=style,
+                            color=colors[r["method"]], label=f"{r['method']} ({model})")
+        ax.set_xlabel("a client's test accuracy")
+        ax.set_xlim(0, 1)
+        ax.set_title(label or "all runs")
+        ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of clients at or below")
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    from fedsweep.runs.plots import save_figure
+    plt.setp(axes, ylim=(0, 1.02))
+    return save_figure(fig, path, title)

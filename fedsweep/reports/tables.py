@@ -135,3 +135,28 @@ def _all_table(configs: pd.DataFrame) -> str:
 # ---------------------------------------------------------------------------------------------
 # Plots
 # ---------------------------------------------------------------------------------------------
+
+
+#: Per-client evaluation's models (runs/summary.CLIENT_KINDS) as the report names them.
+CLIENT_MODELS = {"clients": "global", "finetuned": "fine-tuned", "personal": "personal"}
+
+
+def _client_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
+    """Settings × methods: each model's per-client accuracy at the last evaluation (mean over clients /
+    mean of the worst 10% / lowest client), averaged over the best config's scored runs; None when no
+    run evaluated per client (``eval.clients``)."""
+    cols = {kind: [f"summary/final_{kind}_accuracy_{s}" for s in ("mean", "p10", "min")] for kind in CLIENT_MODELS}
+    kinds = [k for k, c in cols.items() if c[0] in trials and trials[c[0]].notna().any()]
+    if not kinds:
+        return None
+    settings = best.attrs["settings"]
+    by_run = trials.set_index("run_id")
+    rows = []
+    for _, r in best.iterrows():
+        runs = by_run.loc[[i for i in r["run_ids"] if i in by_run.index]]
+        cells = []
+        for kind in kinds:
+            means = [runs[c].mean() if c in runs else math.nan for c in cols[kind]]
+            cells.append(" / ".join(_num(v, 3) for v in means) if _present(means[0]) else "—")
+        rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells])
+    return _markdown([*settings, "method", "seeds", *(f"{CLIENT_MODELS[k]}: mean / worst 10% / min" for k in kinds)], rows)

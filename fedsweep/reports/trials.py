@@ -355,8 +355,8 @@ def _groups(best: pd.DataFrame):
 
 
 class _Runs:
-    """The sweep's runs in MLflow for one report: each accuracy history and ``clients.csv`` is read
-    once, however many tables and figures use it."""
+    """The sweep's runs in MLflow for one report: each accuracy history and CSV artifact (``clients.csv``,
+    ``client_eval.csv``) is read once, however many tables and figures use it."""
 
     def __init__(self, client):
         self.client, self._accuracy, self._logs = client, {}, {}
@@ -370,15 +370,23 @@ class _Runs:
 
     def client_log(self, run_id: str) -> pd.DataFrame | None:
         """The run's ``clients.csv`` artifact (per round and sampled client), or None if it has none."""
-        if run_id not in self._logs:
-            self._logs[run_id] = self._read_client_log(run_id)
-        return self._logs[run_id]
+        return self.table(run_id, "clients.csv")
 
-    def _read_client_log(self, run_id: str) -> pd.DataFrame | None:
+    def client_eval(self, run_id: str) -> pd.DataFrame | None:
+        """The run's ``client_eval.csv`` artifact (per evaluated client, ``eval.clients``), or None."""
+        return self.table(run_id, "client_eval.csv")
+
+    def table(self, run_id: str, name: str) -> pd.DataFrame | None:
+        """The run's CSV artifact ``name``, read once; None if the run has none."""
+        if (run_id, name) not in self._logs:
+            self._logs[run_id, name] = self._read_table(run_id, name)
+        return self._logs[run_id, name]
+
+    def _read_table(self, run_id: str, name: str) -> pd.DataFrame | None:
         import os
         import tempfile
-        if not any(f.path == "clients.csv" for f in self.client.list_artifacts(run_id)):
-            return None     # an algorithm without per-client records
+        if not any(f.path == name for f in self.client.list_artifacts(run_id)):
+            return None     # e.g. an algorithm without per-client records
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         with tempfile.TemporaryDirectory() as tmp:
-            return pd.read_csv(self.client.download_artifacts(run_id, "clients.csv", tmp))
+            return pd.read_csv(self.client.download_artifacts(run_id, name, tmp))

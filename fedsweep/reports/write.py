@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.reports.plots import (accuracy_curves_png, rounds_to_target_png, search_draws_png, search_png, settings_curves_png,
-                                   weights_figures)
+from fedsweep.reports.plots import (accuracy_curves_png, client_ecdf_png, rounds_to_target_png, search_draws_png,
+                                   search_png, settings_curves_png, weights_figures)
 from fedsweep.reports.stats import Metric, add_intervals, comparison_table, interaction_table, seed_values
-from fedsweep.reports.tables import (_all_table, _best_table, _comparisons_table, _interactions_table, _markdown,
-                                     _rounds_table)
+from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _comparisons_table, _interactions_table,
+                                     _markdown, _rounds_table)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
                                     best_configs, config_table, load_trials, relative_targets)
 
@@ -175,7 +175,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 order: Sequence[int] | None = None) -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
-    setting takes several values ``settings_curves.png``, and for runs with per-client weights
+    setting takes several values ``settings_curves.png``, for runs evaluated per client
+    ``client_accuracy.png``, and for runs with per-client weights
     ``weights_<method>.png`` into ``out_dir``; returns the path of ``report.md``.
 
     ``reference``: the method speed-ups and comparisons are relative to. ``resolution``: rounds between
@@ -210,6 +211,10 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         settings_curves_png(best, runs, out / "settings_curves.png", reference,
                             title=f"{sweep}: each method across {', '.join(settings)}")
     weight_figures = weights_figures(best, runs, out)
+    clients_table = _client_table(best, trials)
+    ecdf = client_ecdf_png(best, runs, out / "client_accuracy.png",
+                           title=f"{sweep}: each client's test accuracy, best config per method") \
+        if clients_table is not None else None
     if sampled_keys:
         search_png(configs, sampled_keys, out / "search.png", title=f"{sweep}: each sampled config")
     draws = random_first is not None and configs["draw"].notna().any()
@@ -270,6 +275,15 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
             _rounds_table(best, reference),
             "",
         ]
+    if clients_table is not None:
+        lines += ["## Per-client accuracy", "",
+                  "Each client scored on its own test data at the last evaluation (`eval.clients`; docs/run.md, "
+                  "Per-client evaluation): the global model, it fine-tuned on the client's data, and the method's "
+                  "personal models where it has them; per model the mean over clients / the mean of the worst 10% "
+                  "/ the lowest client, averaged over the best config's runs. Descriptive: these are final values, "
+                  "not the numbers the configs were selected or compared by.", "", clients_table, ""]
+        if ecdf is not None:
+            lines += ["![each client's test accuracy](client_accuracy.png)", ""]
     lines += _comparison_lines(comparisons, reference, resolution)
     if interactions is not None:
         lines += _interaction_lines(interactions, settings[0])

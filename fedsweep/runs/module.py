@@ -32,7 +32,7 @@ from fedsweep.engine.loop import autograd_ops
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.heterogeneity import Planner, decayed_lr, schedule_batches
 from fedsweep.sim.models import build_model
-from fedsweep.sim.rng import derive_seed, generator, np_rng
+from fedsweep.sim.rng import batch_keys, derive_seed, generator, np_rng
 
 
 def divergence_limit(factor: float | None, num_classes: int) -> float:
@@ -103,6 +103,8 @@ class FederatedModule(L.LightningModule):
         self.loss_limit = divergence_limit(cfg.eval.divergence_factor, self.data.num_classes)
         self.loss_measured = True   # the last round's train/loss averages some client's (or the server's)
         self._pending_algo_state: dict | None = None   # from a checkpoint loaded before build()
+        self.client_eval = None          # per-client evaluation (eval.clients), built in build()
+        self.client_eval_rows: list[dict] = []   # its last evaluation's per-client values (client_eval.csv)
         self._plugin_records = None
         if cfg.plugins:
             self.plugin_records()   # their hashes as the run starts: what its checkpoints keep
@@ -125,15 +127,22 @@ class FederatedModule(L.LightningModule):
         ctx = SetupContext(num_clients=self.data.num_clients, dim=self.fmodel.dim,
                            client_sizes=self.data.client_sizes.to(dev), weighting=self.cfg.algorithm.weighting,
                            local_steps=self.cfg.local.steps, device=dev, dtype=self.w.dtype,
-                           ops=autograd_ops(self.fmodel))
+                           ops=autograd_ops(self.fmodel), layout=self.fmodel.layout())
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
         if self._pending_algo_state is not None:
             self.algorithm.load_state_dict(self._pending_algo_state)
             self._pending_algo_state = None
         client_data = ClientData(self.data.x_train, self.data.y_train)
+        # a random op the seeded dropout layers do not cover: each keyed forward pass seeds a fork of
+        # the global RNG (engine.functional), so the run still repeats exactly
+        self.fmodel.global_rng = self.fmodel.draws_global_rng(self.data.input_shape)
         self.engine_name, self.engine_why = engine_choice(self.cfg.engine, self.fmodel.module, dev,
                                                           self.data.input_shape)
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
+        if self.cfg.eval.clients is not None:
+            from fedsweep.runs.client_eval import ClientEvaluator
+            self.client_eval = ClientEvaluator(self.cfg, self.data, self.fmodel, self.engine_name, self.algorithm,
+                                               self.clients_cpu)
 
     def configure_optimizers(self):
         s = self.cfg.server
@@ -207,7 +216,8 @@ class FederatedModule(L.LightningModule):
         self.loss_measured = bool(returned.any())
         train_loss = float(client_loss[returned].mean()) if self.loss_measured else float("nan")
         if plan.server is not None:   # the server's own loss on D_s^t after its training
-            extra["server/loss"] = float(self.fmodel.loss(self.w.detach(), plan.server.full))
+            with self.fmodel.evaluating():   # a measurement: eval mode, as every evaluation
+                extra["server/loss"] = float(self.fmodel.loss(self.w.detach(), plan.server.full))
             extra["server/lr"] = plan.server.lr
             if not algo.uses_clients:
                 train_loss, self.loss_measured = extra["server/loss"], True
@@ -238,15 +248,19 @@ class FederatedModule(L.LightningModule):
         passes = -(-sd.steps * b // m) if sd.steps else 0      # walk fresh permutations of D_s^t
         stream = torch.cat([idx[torch.randperm(m, generator=g)] for _ in range(passes)]) if passes else idx[:0]
 
-        def batch(ix):
+        # dropout keys: D_s^t whole, ζ_s, then each of the E_s minibatches
+        keys = batch_keys(self.cfg.seed, t, "server", torch.zeros(1, dtype=torch.int64), sd.steps + 2)[0].to(dev)
+
+        def batch(ix, j):
             ix = ix.to(dev)
             x = self.data.x_train[ix]
-            return x, self.data.y_train[ix], torch.full((ix.numel(),), 1.0 / ix.numel(), dtype=x.dtype, device=dev)
+            out = x, self.data.y_train[ix], torch.full((ix.numel(),), 1.0 / ix.numel(), dtype=x.dtype, device=dev)
+            return (*out, keys[j]) if self.fmodel.random else out
 
         gamma = decayed_lr(sd.lr, self.cfg, t)
         probe = idx[torch.randperm(m, generator=generator(self.cfg.seed, t, "server_probe"))[:b]]
-        return ServerRound(full=batch(idx), minibatch=batch(probe),
-                           batches=[batch(stream[i * b:(i + 1) * b]) for i in range(sd.steps)], lr=gamma)
+        return ServerRound(full=batch(idx, 0), minibatch=batch(probe, 1),
+                           batches=[batch(stream[i * b:(i + 1) * b], 2 + i) for i in range(sd.steps)], lr=gamma)
 
     def training_step(self, t, batch_idx):
         if self.record_round(self.run_round(int(t))):
@@ -265,10 +279,15 @@ class FederatedModule(L.LightningModule):
 
     # ----- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """test/loss, test/accuracy and, with a validation split, val/loss, val/accuracy of the global model."""
+        """test/loss, test/accuracy and, with a validation split, val/loss, val/accuracy of the global model;
+        with ``eval.clients`` the per-client metrics (:mod:`fedsweep.runs.client_eval`)."""
         loss, acc = self.fmodel.evaluate(self.w.detach(), self.data.x_test, self.data.y_test,
                                          self.cfg.eval.batch_size)
-        return {"test/loss": loss, "test/accuracy": acc, **self.evaluate_validation()}
+        out = {"test/loss": loss, "test/accuracy": acc, **self.evaluate_validation()}
+        if self.client_eval is not None:
+            out.update(self.client_eval.evaluate(self.w.detach(), self.rounds_done - 1))
+            self.client_eval_rows = self.client_eval.rows
+        return out
 
     def evaluate_validation(self) -> dict[str, float]:
         """val/loss, val/accuracy on the central validation split, or on the pooled validation samples of
@@ -314,6 +333,7 @@ class FederatedModule(L.LightningModule):
             "rounds_done": self.rounds_done,
             "history": self.history,
             "client_log": self.client_log,
+            **({"client_eval": self.client_eval_rows} if self.client_eval_rows else {}),
             "algorithm": self.algorithm.state_dict() if self.algorithm is not None else {},
             "config": self.cfg.model_dump(mode="json"),
             # a model's buffers (BatchNorm's running statistics): not in w, but the model's state too
@@ -336,6 +356,7 @@ class FederatedModule(L.LightningModule):
         self.rounds_done = int(state["rounds_done"])
         self.history = [dict(h) for h in state["history"]]
         self.client_log = [dict(r) for r in state.get("client_log", [])]
+        self.client_eval_rows = [dict(r) for r in state.get("client_eval", [])]
         for k, v in state.get("buffers", {}).items():
             if k in self.fmodel.buffers:   # in place: on the CPU they are the module's own buffers
                 with torch.no_grad():

@@ -234,7 +234,7 @@ def lightning_trainer(accelerator: str, max_steps: int, callbacks: list, max_epo
 
 
 def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_model: bool | None = None) -> Path:
-    """config.yaml, metrics.csv, clients.csv, summary.json, curves.png, the source of each plugin the
+    """config.yaml, metrics.csv, clients.csv, client_eval.csv (``eval.clients``), summary.json, curves.png, the source of each plugin the
     config names (``plugins/``) and (``mlflow.log_model``, unless ``log_model`` says otherwise) model.pt
     of a run, into ``directory``."""
     from fedsweep.runs.plots import curves_png
@@ -254,6 +254,12 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_
             writer.writerow(["round", *cols])
             for r in log:
                 writer.writerows([r["round"], *row] for row in zip(*(r[c] for c in cols)))
+    scored = getattr(module, "client_eval_rows", None)
+    if scored:   # one row per evaluated client: its scores at the last evaluation (eval.clients)
+        with open(directory / "client_eval.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(scored[0]))
+            writer.writeheader()
+            writer.writerows(scored)
     (directory / "summary.json").write_text(summary_json(summary))
     from fedsweep.config.names import config_title
     curves_png(module.history, directory / "curves.png", title=config_title(cfg), method=cfg.algorithm.name)

@@ -10,6 +10,10 @@ import numpy as np
 
 from fedsweep.config.schema import RunConfig
 
+#: The models per-client evaluation scores (``eval.clients``), as their metrics' prefixes
+#: (:mod:`fedsweep.runs.client_eval`): the global model, it fine-tuned, the algorithm's personal ones.
+CLIENT_KINDS = ("clients", "finetuned", "personal")
+
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
 
@@ -78,7 +82,30 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
         "grad_evals": total("compute/grad_evals", history),
         "stability": stability(h["test/accuracy"] for h in evals),
         "target_accuracy": cfg.eval.target_accuracy,
+        **client_summary(evals),
+        **own_summary(history),
     }
+
+
+#: What every round's metrics row holds (runs/module.py); an algorithm's ``round_metrics`` add others.
+ROUND_KEYS = frozenset({"round", "train/loss", "round/seconds", "round/lr", "comm/up_models", "comm/down_models",
+                        "compute/grad_evals", "stragglers/fraction", "server/lr"})
+
+
+def own_summary(history: list[dict]) -> dict:
+    """The last round's value of each metric an algorithm's ``round_metrics`` logs (and ``server/loss``),
+    as ``final_<metric>`` (``qffl/mean_Fq`` -> ``final_qffl_mean_Fq``): what a run's own metrics end at,
+    in the summary (MLflow's ``summary/*``, trials.csv, ``fedsweep.tune``'s table)."""
+    last = history[-1] if history else {}
+    return {f"final_{k.replace('/', '_')}": v for k, v in last.items()
+            if k not in ROUND_KEYS and k.partition("/")[0] not in ("test", "val", *CLIENT_KINDS)}
+
+
+def client_summary(evals: list[dict]) -> dict:
+    """The last evaluation's per-client metrics as ``final_<kind>_<metric>`` (``clients/accuracy_p10`` ->
+    ``final_clients_accuracy_p10``); {} without per-client evaluation."""
+    last = evals[-1] if evals else {}
+    return {f"final_{k.replace('/', '_')}": v for k, v in last.items() if k.partition("/")[0] in CLIENT_KINDS}
 
 
 def summary_json(summary: dict) -> str:
@@ -103,6 +130,7 @@ def format_summary(summary: dict) -> str:
             ("final test accuracy", summary["final_test_accuracy"]),
             (f"rounds to target ({fmt(summary['target_accuracy'])})", summary["rounds_to_target"]),
             *_validation_rows(summary, fmt),
+            *_client_rows(summary, fmt),
             ("rounds", summary["rounds"]),
             ("seconds per round", summary["seconds_per_round"]),
             ("stability (lag-1 autocorrelation)", summary["stability"]),
@@ -110,6 +138,13 @@ def format_summary(summary: dict) -> str:
     width = max(len(r[0]) for r in rows)
     line = "─" * (width + 16)
     return "\n".join([line] + [f"{k:<{width}}  {fmt(v)}" for k, v in rows] + [line])
+
+
+def _client_rows(summary: dict, fmt) -> list[tuple]:
+    """format_summary's rows of per-client evaluation: each model's accuracy over the clients."""
+    return [(f"{kind} accuracy: mean / worst 10% / min",
+             " / ".join(fmt(summary.get(f"final_{kind}_accuracy_{s}")) for s in ("mean", "p10", "min")))
+            for kind in CLIENT_KINDS if f"final_{kind}_accuracy_mean" in summary]
 
 
 def _validation_rows(summary: dict, fmt) -> list[tuple]:

@@ -78,9 +78,13 @@ class ClientIndex:
         largest): ``(index, mask)`` of shape (K, width), padding 0 and masked out."""
         sizes = self.offsets[clients + 1] - self.offsets[clients]   # the K clients' only: not all N's
         width = self.max_size if width is None else width
-        pos = torch.arange(width).view(1, width)
+        pos = torch.arange(width, device=self.offsets.device).view(1, width)
         mask = pos < sizes.view(-1, 1)
-        index = self.gather(clients.view(-1, 1), torch.where(mask, pos, torch.zeros_like(pos)))
+        # padding reads entry 0, not the client's offset: an empty last client's offset is past the end
+        flat = torch.where(mask, self.offsets[clients].view(-1, 1) + pos, torch.zeros_like(pos))
+        if self.values.numel() == 0:
+            return flat, mask
+        index = self.values[flat]
         return torch.where(mask, index, torch.zeros_like(index)), mask
 
     def nbytes(self) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from fedsweep.config.schema import ConfigError, RunConfig
 from fedsweep.sim.client_index import ClientIndex
 from fedsweep.util.lazy import torch
-from fedsweep.sim.rng import derive_seed, generator, np_rng
+from fedsweep.sim.rng import batch_keys, derive_seed, generator, np_rng
 
 
 @dataclass
@@ -202,9 +202,14 @@ class Batches:
     """
     index: torch.Tensor  # int64 (K, S, B), S = max steps this round
     mask: torch.Tensor   # bool  (K, S, B)
+    keys: torch.Tensor   # int64 (K, S): each batch's dropout key (rng.batch_keys)
 
     def to(self, device) -> "Batches":
-        return Batches(self.index.to(device, non_blocking=True), self.mask.to(device, non_blocking=True))
+        return Batches(*(t.to(device, non_blocking=True) for t in (self.index, self.mask, self.keys)))
+
+    def rows(self, order: torch.Tensor) -> "Batches":
+        """The clients' rows in ``order``."""
+        return Batches(self.index[order], self.mask[order], self.keys[order])
 
 
 def schedule_batches(plan: RoundPlan, clients: ClientIndex, batch_size: int, unit: str, seed: int,
@@ -243,4 +248,5 @@ def schedule_batches(plan: RoundPlan, clients: ClientIndex, batch_size: int, uni
     perm = keys.argsort(dim=-1)                                  # (K, passes, n_max) local positions
     local = perm[torch.arange(K).view(K, 1, 1), epoch, pos]      # (K, S, B)
     index = clients.gather(plan.clients.view(K, 1, 1), local)      # local < n_i: within each client
-    return Batches(torch.where(valid, index, torch.zeros_like(index)), valid)
+    return Batches(torch.where(valid, index, torch.zeros_like(index)), valid,
+                   batch_keys(seed, plan.round, purpose, plan.clients, S))

@@ -7,7 +7,8 @@ Every model here is a pure function of its parameters, so the engine can run
 - batch statistics (BatchNorm and its running buffers): the deep models use GroupNorm instead,
   as Hsieh et al., "The Non-IID Data Quagmire of Decentralized ML" (ICML 2020) recommend for FL;
 - in-place ops on activations (every ReLU is ``inplace=False``);
-- dropout (no model has any, so train and eval forward passes are the same function).
+- dropout (no model has any, so train and eval forward passes are the same function; a plugin's
+  ``nn.Dropout`` layers are seeded by :mod:`fedsweep.engine.dropout` and vmap).
 
 Models never draw from an RNG other than the global torch one (PyTorch's default layer inits):
 the caller seeds initialization by wrapping :func:`build_model` in ``torch.random.fork_rng``.

@@ -1,6 +1,7 @@
 """Counter-based randomness: every draw derives from ``(seed, round, purpose)``.
 
-Nothing in fedsweep uses the global RNG for simulation draws. A run resumed at round t therefore
+Nothing in fedsweep uses the global RNG for simulation draws; a model's dropout masks are hashed
+from :func:`batch_keys` (:mod:`fedsweep.engine.dropout`). A run resumed at round t therefore
 continues exactly like the uninterrupted run (Lightning checkpoints do not restore global RNG state),
 and the loop and vectorized engines see the same client samples, straggler draws and batches.
 """
@@ -27,3 +28,24 @@ def generator(seed: int, round: int, purpose: str) -> torch.Generator:
 def np_rng(seed: int, round: int, purpose: str) -> np.random.Generator:
     """A NumPy generator for one purpose of one round (round -1 for run-level draws such as partitions)."""
     return np.random.default_rng(derive_seed(seed, round, purpose))
+
+
+_M32 = 0xFFFFFFFF
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash of int64 tensors holding values in [0, 2^32): ``lowbias32``'s finalizer
+    (C. Wellons, "Prospecting for hash functions", 2018); every product stays below 2^63, so it is
+    exact in int64 on every device and under ``vmap`` (the masks of seeded dropout layers)."""
+    x = ((x >> 16) ^ x) * 0x21F0AAAD & _M32
+    x = ((x >> 15) ^ x) * 0x735A2D97 & _M32
+    return (x >> 15) ^ x
+
+
+def batch_keys(seed: int, round: int, purpose: str, clients: torch.Tensor, steps: int) -> torch.Tensor:
+    """The dropout keys (K, ``steps``) int64 of K clients' batches in round ``round``: from
+    ``(seed, round, purpose + "/dropout")``, each client's id and the step."""
+    base = derive_seed(seed, round, purpose + "/dropout")
+    b = int(mix32(torch.tensor((base ^ (base >> 31)) & _M32)))       # the 63 bits folded to 32
+    per_client = mix32(b ^ clients.to(torch.int64).view(-1, 1).cpu())
+    return mix32(per_client ^ torch.arange(steps, dtype=torch.int64).view(1, -1))

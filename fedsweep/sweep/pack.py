@@ -249,13 +249,15 @@ def _stack_batches(parts: list[Batches], offsets: list[int]) -> Batches:
     like = parts[0].index
     index = torch.zeros(K, S, B, dtype=like.dtype, device=like.device)
     mask = torch.zeros(K, S, B, dtype=torch.bool, device=like.device)
+    keys = torch.zeros(K, S, dtype=torch.int64, device=like.device)
     at = 0
     for b, off in zip(parts, offsets):
         k, s, n = b.index.shape
         index[at:at + k, :s, :n] = b.index + off
         mask[at:at + k, :s, :n] = b.mask
+        keys[at:at + k, :s] = b.keys
         at += k
-    return Batches(index, mask)
+    return Batches(index, mask, keys)
 
 
 def train_packed(cfgs: list[RunConfig], *, callbacks=(), resume=None, data=None, max_rows=None,

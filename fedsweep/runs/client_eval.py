@@ -1,0 +1,162 @@
+"""Per-client evaluation of a run (``eval.clients``): how well the model serves each client, and how
+unequally (docs/run.md, Per-client evaluation).
+
+At every evaluation each evaluated client is scored on its own test data (and, with a validation
+split, its own validation data: :mod:`fedsweep.data.client_test`) with
+
+* ``clients/*``: the global model w^t;
+* ``finetuned/*``: w^t fine-tuned on the client's training data for ``eval.finetune_steps`` local SGD
+  steps (FedAvg's client update, batches from ``(seed, t, "finetune")``), the FedAvg+FT baseline;
+* ``personal/*``: the algorithm's personal model of the client (``Algorithm.personal_models``: Ditto's
+  v_k, FedPer's head on the shared body), where it has them.
+
+Each gives the distribution's summaries over the clients (:func:`distribution`): ``accuracy_mean``
+(every client alike), ``accuracy_weighted`` (by its test samples), ``accuracy_p10`` (the mean of the
+worst 10% of clients, at least one: q-FFL's "worst 10%"), ``accuracy_std``, ``accuracy_min``, and the
+same on validation as ``val_accuracy_*``. The last evaluation's per-client values are the run's
+``client_eval.csv``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from fedsweep.algorithms.base import Algorithm, NoParams
+from fedsweep.config.schema import ConfigError, RunConfig
+from fedsweep.data import FederatedData
+from fedsweep.data.client_test import evaluated_clients, matched_sets
+from fedsweep.engine import ClientData, make_engine
+from fedsweep.engine.evaluate import one_model, own_models
+from fedsweep.engine.functional import FunctionalModel
+from fedsweep.sim.client_index import ClientIndex
+from fedsweep.sim.heterogeneity import RoundPlan, schedule_batches
+
+from fedsweep.runs.summary import CLIENT_KINDS as KINDS  # noqa: E402,F401 - the models scored, as prefixes
+
+STATS = ("mean", "weighted", "p10", "std", "min")
+#: Clients fine-tuned at once (their (m, n) models at a time).
+FINETUNE_CHUNK = 64
+
+
+def distribution(right: np.ndarray, n: np.ndarray, prefix: str) -> dict[str, float]:
+    """The summaries of the clients' accuracies right/n over the clients with n > 0 (module docstring)."""
+    keep = n > 0
+    if not keep.any():
+        return {}
+    acc, size = right[keep] / n[keep], n[keep]
+    worst = max(1, math.ceil(0.1 * acc.size))
+    return {f"{prefix}_mean": float(acc.mean()), f"{prefix}_weighted": float(right[keep].sum() / size.sum()),
+            f"{prefix}_p10": float(np.sort(acc)[:worst].mean()), f"{prefix}_std": float(acc.std()),
+            f"{prefix}_min": float(acc.min())}
+
+
+def metric_names(cfg: RunConfig, personal: bool) -> list[str]:
+    """Every per-client metric a run of ``cfg`` records (``personal``: its algorithm has personal models)."""
+    if cfg.eval.clients is None:
+        return []
+    kinds = ["clients", *(["finetuned"] if cfg.eval.finetune_steps else []), *(["personal"] if personal else [])]
+    splits = ["accuracy", *(["val_accuracy"] if cfg.data.validation_fraction > 0 else [])]
+    return [f"{k}/{s}_{stat}" for k in kinds for s in splits for stat in STATS]
+
+
+class ClientEvaluator:
+    """The evaluated clients' data (indices on the data's device) and their scoring."""
+
+    def __init__(self, cfg: RunConfig, data: FederatedData, fmodel: FunctionalModel, engine_name: str,
+                 algorithm: Algorithm, clients_cpu: ClientIndex):
+        self.cfg, self.data, self.fmodel, self.algorithm = cfg, data, fmodel, algorithm
+        self.vectorized = engine_name == "vectorized"
+        self.clients_cpu = clients_cpu
+        ids = evaluated_clients(cfg.eval.clients, data.num_clients, cfg.seed)
+        self.ids = torch.as_tensor(ids)
+        dev = data.x_train.device
+        labels = data.y_train.cpu().numpy()
+        train_labels = [labels[clients_cpu[int(i)].numpy()] for i in ids]
+        mode = cfg.eval.client_test
+        if mode == "natural" and data.client_test is None:
+            raise ConfigError(f"eval.client_test: natural: dataset {cfg.data.name!r} has no per-client test samples "
+                              "(LEAF's users and datasets that return client_test_indices have); use matched, or "
+                              "auto, which picks it")
+        self.natural = data.client_test is not None and mode != "matched"
+        if self.natural:
+            test = ClientIndex.from_parts([data.client_test[int(i)].cpu() for i in ids])
+        else:
+            test = ClientIndex.from_parts(matched_sets(train_labels, ids.tolist(), data.y_test.cpu().numpy(),
+                                                       cfg.eval.client_test_size, data.num_classes, cfg.seed))
+        self.test = test.to(dev)
+        self.val = self.x_val = self.y_val = None
+        if data.validation == "federated":
+            self.val = ClientIndex.from_parts([data.val_indices[int(i)].cpu() for i in ids]).to(dev)
+            self.x_val, self.y_val = data.x_train, data.y_train
+        elif data.validation == "central":
+            self.val = ClientIndex.from_parts(matched_sets(
+                train_labels, ids.tolist(), data.y_val.cpu().numpy(), cfg.eval.client_test_size, data.num_classes,
+                cfg.seed, "client validation")).to(dev)
+            self.x_val, self.y_val = data.x_val, data.y_val
+        self.rows: list[dict] = []   # the last evaluation's per-client values
+        steps = cfg.eval.finetune_steps
+        self.finetuner = make_engine(engine_name, fmodel, Algorithm(NoParams(), algorithm.ctx),
+                                     ClientData(data.x_train, data.y_train)) if steps else None
+
+    def splits(self):
+        """(name, x, y, each client's indices) of the data the clients are scored on."""
+        yield "accuracy", self.data.x_test, self.data.y_test, self.test
+        if self.val is not None:
+            yield "val_accuracy", self.x_val, self.y_val, self.val
+
+    def evaluate(self, w: torch.Tensor, t: int) -> dict[str, float]:
+        """The per-client metrics of the evaluation after round t (0-based) of the global model ``w``."""
+        bs = self.cfg.eval.batch_size
+        right = {("clients", name): one_model(self.fmodel, w, x, y, index, bs)
+                 for name, x, y, index in self.splits()}
+        for kind, models in (("finetuned", self.finetuned), ("personal", self.personal)):
+            parts = []
+            for at in range(0, len(self.ids), FINETUNE_CHUNK):
+                chunk = torch.arange(at, min(at + FINETUNE_CHUNK, len(self.ids)))
+                W = models(w, t, chunk)
+                if W is None:
+                    break
+                parts.append({name: own_models(self.fmodel, W, x, y, _select(index, chunk), bs, self.vectorized)
+                              for name, x, y, index in self.splits()})
+            for name, *_ in self.splits() if parts else ():
+                right[(kind, name)] = torch.cat([p[name] for p in parts])
+        sizes = {name: index.sizes.cpu().numpy() for name, _, _, index in self.splits()}
+        metrics, rows = {}, {"client": self.ids.tolist()}
+        rows.update({f"n_{'test' if name == 'accuracy' else 'val'}": sizes[name].tolist()
+                     for name, *_ in self.splits()})
+        for (kind, name), r in right.items():
+            r = r.cpu().numpy()
+            metrics.update(distribution(r, sizes[name], f"{kind}/{name}"))
+            acc = np.where(sizes[name] > 0, r / np.maximum(sizes[name], 1), np.nan)
+            rows[name if kind == "clients" else f"{kind}_{name}"] = acc.tolist()
+        self.rows = [dict(zip(rows, values)) for values in zip(*rows.values())]
+        return metrics
+
+    def finetuned(self, w: torch.Tensor, t: int, chunk: torch.Tensor) -> torch.Tensor | None:
+        """The chunk's clients' models: w fine-tuned for ``eval.finetune_steps`` SGD steps on their data."""
+        if self.finetuner is None:
+            return None
+        steps, ids = self.cfg.eval.finetune_steps, self.ids[chunk]
+        m = ids.numel()
+        plan = RoundPlan(round=t, clients=ids, work=torch.full((m,), steps), steps=torch.full((m,), steps),
+                         sizes=self.clients_cpu.sizes[ids], dropped=torch.zeros(m, dtype=torch.bool),
+                         expected_work=steps, lr=self.cfg.eval.finetune_lr or self.cfg.local.lr)
+        batches = schedule_batches(plan, self.clients_cpu, self.cfg.local.batch_size, "steps", self.cfg.seed,
+                                   purpose="finetune").to(w.device)
+        kept = {k: v.clone() for k, v in self.fmodel.buffers.items()}   # BatchNorm's: the global model's own
+        uploads, _ = self.finetuner.run(w, plan, batches, None, {}, {})
+        for k, v in kept.items():
+            self.fmodel.buffers[k].copy_(v)
+        return w + uploads["delta"]
+
+    def personal(self, w: torch.Tensor, t: int, chunk: torch.Tensor) -> torch.Tensor | None:
+        return self.algorithm.personal_models(w, self.ids[chunk].to(w.device))
+
+
+def _select(index: ClientIndex, chunk: torch.Tensor) -> ClientIndex:
+    """The clients ``chunk`` (consecutive positions) of ``index``."""
+    a, b = int(chunk[0]), int(chunk[-1]) + 1
+    offsets = index.offsets[a:b + 1]
+    return ClientIndex(offsets - offsets[0], index.values[int(offsets[0]):int(offsets[-1])])

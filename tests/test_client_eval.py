@@ -1,0 +1,206 @@
+"""Per-client evaluation (eval.clients): each client's own test data, the global, fine-tuned and
+personal models, the distribution's summaries, engines agreeing, resumes, artifacts and errors."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import resumed_run, tiny_raw
+
+SHARDS = {"name": "digits", "num_clients": 10, "partition": {"kind": "classes", "classes_per_client": 2}}
+
+
+def _raw(**over):
+    return tiny_raw(**{"data": SHARDS, "eval": {"every": 2, "clients": "all"}, "rounds": 4, **over})
+
+
+def _run(raw, engine="loop", **kw):
+    import fedsweep
+    return fedsweep.run({**raw, "engine": engine}, mlflow=False, **kw)
+
+
+def test_distribution_summaries_by_hand():
+    from fedsweep.runs.client_eval import distribution
+    right = np.array([9.0, 1.0, 5.0, 0.0, 10.0, 4.0, 7.0, 8.0, 6.0, 3.0, 2.0])
+    n = np.array([10.0, 10.0, 10.0, 0.0, 10.0, 5.0, 10.0, 10.0, 10.0, 10.0, 20.0])   # client 3 has no data
+    acc = np.array([0.9, 0.1, 0.5, 1.0, 0.8, 0.7, 0.8, 0.6, 0.3, 0.1])
+    got = distribution(right, n, "clients/accuracy")
+    assert got["clients/accuracy_mean"] == pytest.approx(acc.mean())
+    assert got["clients/accuracy_weighted"] == pytest.approx(55 / 105)
+    assert got["clients/accuracy_p10"] == pytest.approx(0.1)          # the worst ⌈10% of 10⌉ = 1 client
+    assert got["clients/accuracy_std"] == pytest.approx(acc.std())
+    assert got["clients/accuracy_min"] == pytest.approx(0.1)
+    many = distribution(np.arange(20.0), np.full(20, 20.0), "x")
+    assert many["x_p10"] == pytest.approx((0 + 1) / 2 / 20)             # the worst 2 of 20
+    assert distribution(np.zeros(2), np.zeros(2), "x") == {}
+
+
+def test_matched_test_sets_follow_each_clients_labels():
+    from fedsweep.data.client_test import evaluated_clients, matched_sets
+    pool = np.repeat(np.arange(4), [30, 30, 5, 30])
+    client_labels = [np.array([0, 0, 0, 1]), np.array([2, 2, 3, 3]), np.array([1])]
+    sets = matched_sets(client_labels, [4, 7, 9], pool, 20, 4, seed=0)
+    assert np.bincount(pool[sets[0]], minlength=4).tolist() == [15, 5, 0, 0]
+    assert np.bincount(pool[sets[1]], minlength=4).tolist() == [0, 0, 5, 10]   # class 2 has only 5
+    assert np.bincount(pool[sets[2]], minlength=4).tolist() == [0, 20, 0, 0]
+    assert all(len(np.unique(s)) == len(s) for s in sets)
+    # a client's set is its own: the same whoever else is evaluated, other at another seed
+    assert np.array_equal(matched_sets(client_labels[1:2], [7], pool, 20, 4, seed=0)[0], sets[1])
+    assert not np.array_equal(matched_sets(client_labels[:1], [4], pool, 20, 4, seed=1)[0], sets[0])
+    drawn = evaluated_clients(3, 10, seed=0)
+    assert len(drawn) == 3 and list(drawn) == sorted(set(drawn.tolist()))
+    assert evaluated_clients("all", 4, seed=0).tolist() == [0, 1, 2, 3]
+
+
+def test_each_clients_accuracy_is_its_own_data_scored_by_the_returned_model():
+    from fedsweep.data import load_federated
+    from fedsweep.data.client_test import matched_sets
+    result = _run(_raw(eval={"every": 2, "clients": "all", "client_test_size": 30}))
+    cfg = result.config
+    data = load_federated(cfg.data, cfg.seed)
+    labels = data.y_train.numpy()
+    sets = matched_sets([labels[p.numpy()] for p in data.client_indices], list(range(10)), data.y_test.numpy(),
+                        30, 10, cfg.seed)
+    with torch.no_grad():
+        right = (result.model(data.x_test).argmax(1) == data.y_test).double().numpy()
+    acc = np.array([right[s].mean() for s in sets])
+    last = result.history.iloc[-1]
+    assert last["clients/accuracy_mean"] == pytest.approx(acc.mean(), abs=1e-12)
+    assert last["clients/accuracy_min"] == pytest.approx(acc.min(), abs=1e-12)
+    assert last["clients/accuracy_p10"] == pytest.approx(acc.min(), abs=1e-12)   # 1 of 10 clients
+    assert result.summary["final_clients_accuracy_mean"] == pytest.approx(acc.mean(), abs=1e-12)
+    # two classes a client: its set holds those two only
+    for p, s in zip(data.client_indices, sets):
+        assert set(data.y_test.numpy()[s]) == set(labels[p.numpy()])
+
+
+@pytest.mark.parametrize("validation", ["federated", "central"])
+def test_both_engines_agree_and_fine_tuning_serves_the_clients(validation):
+    raw = _raw(eval={"every": 2, "clients": 6, "finetune_steps": 8},
+               data={**SHARDS, "validation_fraction": 0.2, "validation": validation})
+    loop, vec = _run(raw), _run(raw, "vectorized")
+    keys = [k for k in loop.history if k.startswith(("clients/", "finetuned/"))]
+    assert {f"{kind}/{s}_{stat}" for kind in ("clients", "finetuned") for s in ("accuracy", "val_accuracy")
+            for stat in ("mean", "weighted", "p10", "std", "min")} == set(keys)
+    for key in keys:
+        np.testing.assert_allclose(loop.history[key], vec.history[key], atol=1e-9, err_msg=key)
+    # on two-class shards the fine-tuned model serves its client far better than the global one
+    last = loop.history.iloc[-1]
+    assert last["finetuned/accuracy_mean"] > last["clients/accuracy_mean"] + 0.2
+    assert last["finetuned/val_accuracy_mean"] > last["clients/val_accuracy_mean"] + 0.2
+
+
+PERSONAL = '''
+import torch
+import fedsweep
+from fedsweep import Algorithm
+
+@fedsweep.register_algorithm
+class Echo(Algorithm):
+    """FedAvg whose 'personal' model of client k is w^t moved by k·scale: a known set of models."""
+    name = "echo"
+    scale = 0.0
+
+    def personal_models(self, w, clients):
+        return w + self.scale * clients.to(w.dtype).unsqueeze(1)
+
+@fedsweep.register_algorithm
+class Shifted(Echo):
+    name = "shifted"
+    scale = 0.05
+'''
+
+
+def test_personal_models_are_scored_per_client_on_both_engines(plugin_dir):
+    path = str(plugin_dir("personal.py", PERSONAL))
+    same = _run({**_raw(algorithm={"name": "echo"}), "plugins": [path]})
+    last = same.history.iloc[-1]
+    for stat in ("mean", "weighted", "p10", "std", "min"):   # the global model as every personal one
+        assert last[f"personal/accuracy_{stat}"] == pytest.approx(last[f"clients/accuracy_{stat}"], abs=1e-12)
+    raw = {**_raw(algorithm={"name": "shifted"}), "plugins": [path]}
+    loop, vec = _run(raw), _run(raw, "vectorized")
+    np.testing.assert_allclose(loop.history["personal/accuracy_mean"], vec.history["personal/accuracy_mean"], atol=1e-9)
+    assert loop.history["personal/accuracy_mean"].iloc[-1] != pytest.approx(loop.history["clients/accuracy_mean"].iloc[-1])
+
+
+def test_per_client_evaluation_resumes_exactly_and_writes_its_artifact(tmp_path):
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import write_artifacts
+    from fedsweep.runs.summary import summarize
+    raw = _raw(eval={"every": 1, "clients": 5, "finetune_steps": 3})
+    full, _, saved = resumed_run({**raw, "engine": "vectorized"}, tmp_path / "ckpt", stop=2)
+    assert len(saved["client_eval"]) == 5
+    cfg = build_config(raw)
+    out = write_artifacts(cfg, full, summarize(cfg, full.history), tmp_path / "art", log_model=False)
+    import pandas as pd
+    table = pd.read_csv(out / "client_eval.csv")
+    assert list(table.columns) == ["client", "n_test", "accuracy", "finetuned_accuracy"]
+    assert len(table) == 5 and table["n_test"].gt(0).all()
+    assert table["accuracy"].mean() == pytest.approx(full.history[-1]["clients/accuracy_mean"], abs=1e-12)
+
+
+def test_a_natural_split_scores_each_user_on_its_own_test_samples(tmp_path):
+    from fedsweep.data import split_federated
+    from test_leaf import SORTED, USERS, leaf, write_leaf   # tiny LEAF files in LEAF's format
+    root = write_leaf(tmp_path / "toy")
+    src = split_federated(leaf(root), seed=0).source
+    for user, rows in zip(SORTED, src.client_test_indices):   # x[:, 0] is the user's number
+        assert len(rows) == USERS[user][1] and (src.x_test[rows, 0] == int(user[1:])).all()
+    raw = tiny_raw(data={"name": "leaf", "root": root, "num_clients": len(USERS)}, clients_per_round=2,
+                   rounds=2, eval={"every": 1, "clients": "all"})
+    module = _train(raw)
+    rows = {r["client"]: r for r in module.client_eval_rows}
+    assert [rows[i]["n_test"] for i in range(len(USERS))] == [USERS[u][1] for u in SORTED]
+    empty = SORTED.index("w11")                                 # no test sample: not scored
+    assert math.isnan(rows[empty]["accuracy"])
+    scored = [r["accuracy"] for i, r in rows.items() if i != empty]
+    assert module.history[-1]["clients/accuracy_mean"] == pytest.approx(np.mean(scored), abs=1e-12)
+
+
+def _train(raw):
+    from fedsweep.config.schema import build_config
+    from fedsweep.runs.run import train
+    return train(build_config(raw), progress=False)
+
+
+@pytest.mark.parametrize("eval_over, error", [
+    ({"clients": 0}, "eval.clients: 0 clients cannot be drawn from data.num_clients N=10; allowed 1..10 or all"),
+    ({"clients": 11}, "eval.clients: 11 clients cannot be drawn"),
+    ({"finetune_steps": 3}, "eval.finetune_steps: fine-tuned models are scored per client; set eval.clients"),
+])
+def test_per_client_settings_that_cannot_work_are_one_line(eval_over, error):
+    from fedsweep.config.schema import ConfigError, build_config
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        build_config(_raw(eval={"every": 1, **eval_over}))
+
+
+def test_natural_test_data_on_a_partitioned_dataset_is_refused():
+    from fedsweep.config.schema import ConfigError
+    with pytest.raises(ConfigError, match="eval.client_test: natural: dataset 'digits' has no per-client test"):
+        _run(_raw(eval={"every": 1, "clients": "all", "client_test": "natural"}))
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 2, 0], [0, 0], [2, 5, 1]])
+def test_own_models_on_both_paths_with_clients_without_data(sizes):
+    """One model a client, vmapped in chunks or one at a time: the same counts, clients without data
+    (an empty last one too) count nothing."""
+    from fedsweep.engine.evaluate import own_models
+    from fedsweep.engine.functional import FunctionalModel
+    from fedsweep.sim.client_index import ClientIndex
+    from fedsweep.sim.models import MLP
+    fm = FunctionalModel(MLP(4, 8, 3))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)
+    parts, at = [], 0
+    for n in sizes:
+        parts.append(torch.arange(at, at + n) % 12)
+        at += n
+    index = ClientIndex.from_parts(parts)
+    W = fm.flatten() + 0.5 * torch.randn(len(sizes), fm.dim, generator=g)
+    by_hand = torch.tensor([float((fm.logits(W[i], x[p]).argmax(1) == y[p]).sum()) if len(p) else 0.0
+                            for i, p in enumerate(parts)], dtype=torch.float64)
+    for vectorized, batch in ((False, 4), (True, 4), (True, 1000)):
+        torch.testing.assert_close(own_models(fm, W, x, y, index, batch, vectorized), by_hand)
