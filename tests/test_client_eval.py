@@ -204,3 +204,48 @@ def test_own_models_on_both_paths_with_clients_without_data(sizes):
                             for i, p in enumerate(parts)], dtype=torch.float64)
     for vectorized, batch in ((False, 4), (True, 4), (True, 1000)):
         torch.testing.assert_close(own_models(fm, W, x, y, index, batch, vectorized), by_hand)
+
+
+CLIENT_SWEEP = {"grid": {}, "methods": {"fedavg": {}, "fedper": {}},
+                "base": {"rounds": 8, "clients_per_round": 4, "device": "cpu",
+                         "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"},
+                                  "validation_fraction": 0.2, "validation": "federated"},
+                         "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 4, "batch_size": 5},
+                         "eval": {"every": 2, "clients": "all"}}}
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"scheduler": {"metric": "clients/accuracy_p10"}},
+     "scheduler.metric: 'clients/accuracy_p10' reads the test split, which only scores runs; with a validation split "
+     "selection reads 'clients/val_accuracy_p10'"),
+    ({"scheduler": {"metric": "finetuned/val_accuracy_mean"}},
+     "scheduler.metric: 'finetuned/val_accuracy_mean' is measured per client, and trial fedavg"),
+    ({"scheduler": {"metric": "personal/val_accuracy_p10"}}, "runs fedavg, which has no personal models"),
+    ({"scheduler": {"metric": "clients/accuracy_p1"}}, "scheduler.metric: 'clients/accuracy_p1' is not a metric trials "
+     "report; allowed: test/accuracy, test/loss, best/test_accuracy, rounds_to_target, "
+     "<clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std> (eval.clients)"),
+])
+def test_a_per_client_metric_that_trials_would_not_report_is_refused(tmp_path, capsys, fresh_home, over, needle):
+    from fedsweep.cli import main
+    from test_tune import write_sweep
+    path = write_sweep(tmp_path / "c.yaml", "c", **{**CLIENT_SWEEP, **over})
+    assert main(["tune", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_asha_and_optuna_select_on_a_per_client_validation_metric(tmp_path, monkeypatch, fresh_home):
+    """ASHA's rungs and optuna's studies read clients/val_accuracy_p10, which every trial reports."""
+    from fedsweep.cli import main
+    from test_tune import trial_runs, write_sweep
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    search = {"searcher": "optuna", "num_samples": 2, "random_first": 1, "metric": "clients/val_accuracy_p10",
+              "space": {"local.lr": {"loguniform": [0.02, 0.5]}}}
+    path = write_sweep(tmp_path / "c.yaml", "c", **{**CLIENT_SWEEP, "search": search, "seeds": [0],
+                       "scheduler": {"metric": "clients/val_accuracy_p10", "grace_period": 2}})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", path]) == 0
+    _, runs = trial_runs(uri, "c")
+    assert len(runs) == 4 and {r.data.tags["fedsweep.status"] for r in runs} <= {"finished", "stopped"}
+    assert all("summary/final_clients_val_accuracy_p10" in r.data.metrics for r in runs)

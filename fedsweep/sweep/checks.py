@@ -34,6 +34,28 @@ def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = 
         elif not validation and holder.metric not in ON_VALIDATION:
             raise ConfigError(f"{source}: {key}: {holder.metric!r} needs a validation split; set "
                               "base.data.validation_fraction (e.g. 0.1), or select on a test metric")
+        check_client_metric(key, holder.metric, trials, source)
+
+
+def check_client_metric(key: str, metric: str, trials: list[Trial], source: str) -> None:
+    """A per-client metric (``<model>/accuracy_<stat>``) is reported only by trials that evaluate per
+    client (``eval.clients``), fine-tuned ones only with ``eval.finetune_steps``, personal ones only by
+    algorithms with personal models: refused, naming the first trial that would never report it."""
+    from fedsweep.algorithms import get_algorithm_class
+    from fedsweep.algorithms.base import Algorithm
+    from fedsweep.runs.summary import CLIENT_KINDS
+    kind = metric.partition("/")[0]
+    if kind not in CLIENT_KINDS:
+        return
+    for t in trials:
+        ev = t.config.eval
+        why = ("sets no eval.clients" if ev.clients is None else
+               "sets no eval.finetune_steps" if kind == "finetuned" and not ev.finetune_steps else
+               f"runs {t.config.algorithm.name}, which has no personal models" if kind == "personal" and
+               get_algorithm_class(t.config.algorithm.name).personal_models is Algorithm.personal_models else None)
+        if why:
+            raise ConfigError(f"{source}: {key}: {metric!r} is measured per client, and trial {t.method} "
+                              f"{t.config_id} {why}, so it would never report it")
 
 
 def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:

@@ -29,11 +29,22 @@ from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 #: scheduler or a searcher may read; ``round`` is reported too, as the scheduler's time axis.
 #: ``rounds_to_target``: the first evaluated round at ``eval.target_accuracy``, else rounds + 1. The
 #: ``VAL_METRICS`` (the same on val/accuracy) only where a trial has a validation split.
-VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target")
-TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target", *VAL_METRICS)
+#: Per-client evaluation's (``eval.clients``: docs/run.md), as of the last evaluation, where the trials
+#: evaluate per client: ``<model>/accuracy_<stat>`` on the clients' test data, ``<model>/val_accuracy_<stat>``
+#: on their validation data.
+CLIENT_TEST_METRICS = tuple(f"{kind}/accuracy_{stat}" for kind in ("clients", "finetuned", "personal")
+                            for stat in ("mean", "weighted", "p10", "min", "std"))
+CLIENT_VAL_METRICS = tuple(m.replace("/accuracy_", "/val_accuracy_") for m in CLIENT_TEST_METRICS)
+VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target", *CLIENT_VAL_METRICS)
+TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target", *CLIENT_TEST_METRICS,
+                *VAL_METRICS)
+#: The metrics trials report, as an error line lists them.
+METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", <clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std> "
+                "(eval.clients), and on a validation split " + ", ".join(VAL_METRICS[:4]) +
+                ", <model>/val_accuracy_<stat>")
 #: Each test metric's validation twin: what selection reads once the trials have a validation split.
 ON_VALIDATION = {"test/accuracy": "val/accuracy", "test/loss": "val/loss", "best/test_accuracy": "best/val_accuracy",
-                 "rounds_to_target": "val_rounds_to_target"}
+                 "rounds_to_target": "val_rounds_to_target", **dict(zip(CLIENT_TEST_METRICS, CLIENT_VAL_METRICS))}
 
 
 class _Strict(BaseModel):
@@ -43,7 +54,10 @@ class _Strict(BaseModel):
 class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
     metric: str = Field("test/accuracy", description="Metric ASHA compares at its rungs, as of the last "
-                        "evaluation: " + ", ".join(TUNE_METRICS) + ". Where the trials have a validation split "
+                        "evaluation: " + ", ".join(TUNE_METRICS[:4]) + ", per-client evaluation's "
+                        "`<clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std>` (docs/run.md), and "
+                        "their validation twins " + ", ".join(VAL_METRICS[:4]) + ", `<model>/val_accuracy_<stat>`. "
+                        "Where the trials have a validation split "
                         "(`data.validation_fraction`) selection reads it: the default becomes val/accuracy, and a "
                         "test metric is refused (test only scores).")
     mode: Literal["max", "min"] = Field("max", description="Whether larger `metric` is better.")
@@ -303,7 +317,7 @@ def load_sweep(path: str | Path | dict) -> SweepConfig:
     if sweep.scheduler is not None and sweep.scheduler.metric not in TUNE_METRICS:
         # Ray would only refuse it in every trial, after the sweep has started
         raise ConfigError(f"{path}: scheduler.metric: {sweep.scheduler.metric!r} is not a metric trials report; "
-                          f"allowed: {', '.join(TUNE_METRICS)}")
+                          f"allowed: {METRICS_TEXT}")
     if sweep.search is not None:
         _check_searcher(sweep, path)
     return sweep
@@ -322,7 +336,7 @@ def _check_searcher(sweep: SweepConfig, path) -> None:
         return
     if search.metric not in TUNE_METRICS:
         raise ConfigError(f"{path}: search.metric: {search.metric!r} is not a metric trials report; "
-                          f"allowed: {', '.join(TUNE_METRICS)}")
+                          f"allowed: {METRICS_TEXT}")
     if search.metric in ("rounds_to_target", "val_rounds_to_target") and \
             (sweep.base.get("eval") or {}).get("target_accuracy") is None:
         raise ConfigError(f"{path}: search.metric: {search.metric} needs base.eval.target_accuracy")

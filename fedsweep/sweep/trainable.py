@@ -99,7 +99,16 @@ def headline(members: list, split: str) -> dict:
     last, best = max(latest, key=lambda e: e[1])
     to_target = "rounds_to_target" if split == "test" else "val_rounds_to_target"
     return {acc: last[acc] if last else 0.0, f"{split}/loss": last[f"{split}/loss"] if last else math.inf,
-            f"best/{split}_accuracy": best, to_target: min(hits)}
+            f"best/{split}_accuracy": best, to_target: min(hits), **client_metrics(last or {}, split)}
+
+
+def client_metrics(row: dict, split: str) -> dict:
+    """The per-client metrics (``eval.clients``) of an evaluated row on ``split``: ``<model>/accuracy_*``
+    on test, ``<model>/val_accuracy_*`` on validation."""
+    from fedsweep.runs.summary import CLIENT_KINDS
+    on_val = split == "val"
+    return {k: v for k, v in row.items()
+            if k.partition("/")[0] in CLIENT_KINDS and k.partition("/")[2].startswith("val_") == on_val}
 
 
 def has_validation(cfg: RunConfig) -> bool:
