@@ -223,7 +223,7 @@ CLIENT_SWEEP = {"grid": {}, "methods": {"fedavg": {}, "fedper": {}},
     ({"scheduler": {"metric": "personal/val_accuracy_p10"}}, "runs fedavg, which has no personal models"),
     ({"scheduler": {"metric": "clients/accuracy_p1"}}, "scheduler.metric: 'clients/accuracy_p1' is not a metric trials "
      "report; allowed: test/accuracy, test/loss, best/test_accuracy, rounds_to_target, "
-     "<clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std> (eval.clients)"),
+     "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std> (eval.clients)"),
 ])
 def test_a_per_client_metric_that_trials_would_not_report_is_refused(tmp_path, capsys, fresh_home, over, needle):
     from fedsweep.cli import main
@@ -249,3 +249,35 @@ def test_asha_and_optuna_select_on_a_per_client_validation_metric(tmp_path, monk
     _, runs = trial_runs(uri, "c")
     assert len(runs) == 4 and {r.data.tags["fedsweep.status"] for r in runs} <= {"finished", "stopped"}
     assert all("summary/final_clients_val_accuracy_p10" in r.data.metrics for r in runs)
+
+
+def test_report_metric_selects_on_validation_scores_confirm_runs_and_calls_verdicts(tmp_path, monkeypatch,
+                                                                                     fresh_home):
+    """report.metric: served/accuracy_p10 — configs ranked by their best served/val_accuracy_p10, confirm
+    runs scored by served/accuracy_p10 at that round, FedPer (personal heads) against FedAvg (global)."""
+    import fedsweep
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    sweep = {**CLIENT_SWEEP, "name": "served", "grid": {"local.lr": [0.05, 0.2]}, "seeds": [0, 1],
+             "confirm": {"seeds": [10, 11, 12]}, "report": {"settings": [], "metric": "served/accuracy_p10"}}
+    sweep["base"] = {**CLIENT_SWEEP["base"], "rounds": 10, "local": {"steps": 5, "batch_size": 5}}
+    trials = fedsweep.tune(sweep, report=False)
+    assert len(trials) == 2 * 2 * 2 + 2 * 3
+    result = fedsweep.report(sweep)
+    configs, best, comparisons = result.configs, result.best, result.comparisons
+    assert configs.attrs["rule"] == "metric" and configs.attrs["selected_on"] == "validation"
+    by_run = result.trials.set_index("run_id")
+    for _, c in configs.iterrows():     # selection read validation only
+        assert c["sel_acc_mean"] == pytest.approx(by_run.loc[c["run_ids"], "summary/best_served_val_accuracy_p10"].mean())
+        chosen = configs[(configs["method"] == c["method"]) & (configs["rank"] == 1)].iloc[0]
+        assert chosen["sel_acc_mean"] >= c["sel_acc_mean"]
+    for _, b in best.iterrows():        # scored on the confirm runs, at each run's best validation round
+        assert b["scored_on"] == "confirm" and len(b["run_ids"]) == 3
+        runs = by_run.loc[b["run_ids"]]
+        assert set(runs["seed"]) == {10, 11, 12}
+        assert b["acc_mean"] == pytest.approx(runs["summary/served_accuracy_p10_at_best_val"].mean())
+    (row,) = comparisons.to_dict("records")
+    assert row["metric"] == "summary/served_accuracy_p10_at_best_val" and row["method"] == "fedper"
+    assert row["verdict"] in ("better", "worse", "equivalent", "inconclusive") and row["n_seeds"] == 3
+    text = result.path.read_text()
+    assert "best mean over seeds of `served/accuracy_p10`" in text and "served/accuracy_p10 at best val" in text

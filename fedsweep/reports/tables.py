@@ -34,9 +34,17 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in esc])
 
 
+def _score_label(attrs: dict) -> str:
+    """What the tables call the number runs are scored by (``report.metric``, or test accuracy)."""
+    metric, on_val = attrs.get("metric"), attrs.get("selected_on") == "validation"
+    if metric:
+        return f"{metric} at best val" if on_val else f"best {metric}"
+    return "test acc at best val" if on_val else "best acc"
+
+
 def _best_table(best: pd.DataFrame) -> str:
     settings = best.attrs["settings"]
-    accuracy = "test acc at best val" if best.attrs.get("selected_on") == "validation" else "best acc"
+    accuracy = _score_label(best.attrs)
     header = [*settings, "method", "config", "seeds", accuracy, "final acc", "rounds to target",
               "reached", "s to target", "models up to target", "s / round", "stability", "diverged"]
     rows = [[*(_fmt_value(r[k]) for k in settings), r["method"], r["config"] or "—", str(r["n"]),
@@ -119,9 +127,10 @@ def _all_table(configs: pd.DataFrame) -> str:
     """Every tuning config, ranked within its method and settings; with a validation split the
     numbers selection ranks by (validation) beside the ones reported (test)."""
     settings = configs.attrs["settings"]
-    on_val = configs.attrs.get("selected_on") == "validation"
-    accuracy = "test acc at best val" if on_val else "best acc"
-    selects = ["val acc (selects)", "val rounds to target (selects)"] if on_val else []
+    on_val, metric = configs.attrs.get("selected_on") == "validation", configs.attrs.get("metric")
+    accuracy = _score_label(configs.attrs)
+    twin = "/val_".join(metric.split("/", 1)) if metric else "val acc"
+    selects = [f"{twin} (selects)", "val rounds to target (selects)"] if on_val else []
     header = ["method", *settings, "rank", "config", *selects, f"{accuracy} (± std)", "rounds to target (± std)",
               "reached", "seeds", "statuses", "config_id"]
     rows = [[r["method"], *(_fmt_value(r[k]) for k in settings), str(r["rank"]), r["config"] or "—",

@@ -135,7 +135,10 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str, parent_ru
 # ---------------------------------------------------------------------------------------------
 
 def selection_rule(trials: pd.DataFrame) -> str:
-    """``"target"`` if a target accuracy was logged for any trial, else ``"accuracy"``."""
+    """``"metric"`` with ``report.metric`` (``trials.attrs["metric"]``), else ``"target"`` if a target
+    accuracy was logged for any trial, else ``"accuracy"``."""
+    if trials.attrs.get("metric"):
+        return "metric"
     col = "summary/target_accuracy"
     return "target" if col in trials and trials[col].notna().any() else "accuracy"
 
@@ -160,13 +163,31 @@ SCORE_COLUMNS = {"validation": ("summary/test_accuracy_at_best_val", "rounds_to_
                  "test": ("best/test_accuracy", "rounds_to_target")}
 
 
-def _scores(g: pd.DataFrame, split: str) -> dict:
+def score_column(split: str, metric: str | None = None) -> str:
+    """The column a run is scored by: test accuracy (:data:`SCORE_COLUMNS`), or ``report.metric``'s
+    (a per-client accuracy: its best, or at the round of its validation twin's best; runs/summary.py)."""
+    if not metric:
+        return SCORE_COLUMNS[split][0]
+    flat = metric.replace("/", "_")
+    return f"summary/{flat}_at_best_val" if split == "validation" else f"summary/best_{flat}"
+
+
+def selection_column(split: str, metric: str | None = None) -> str:
+    """The column selection ranks a run by: :data:`SELECTION_COLUMNS`' accuracy, or ``report.metric``'s
+    best on the split that selects (its validation twin's where there is one)."""
+    if not metric:
+        return SELECTION_COLUMNS[split][0]
+    kind, _, name = metric.partition("/")
+    return f"summary/best_{kind}_val_{name}" if split == "validation" else f"summary/best_{kind}_{name}"
+
+
+def _scores(g: pd.DataFrame, split: str, metric: str | None = None) -> dict:
     """A config's numbers over the scored runs ``g`` (one a seed): the reported ones (on test) and
     the ``sel_*`` ones selection ranks by (on ``split``). A diverged run scores accuracy 0 and never
     reaches the target."""
     ok = g["status"] != "diverged"
-    acc_col, rtt_col = SCORE_COLUMNS[split]
-    sel_acc_col, sel_rtt_col = SELECTION_COLUMNS[split]
+    (acc_col, rtt_col), (sel_acc_col, sel_rtt_col) = SCORE_COLUMNS[split], SELECTION_COLUMNS[split]
+    acc_col, sel_acc_col = score_column(split, metric), selection_column(split, metric)
     acc = _col(g, acc_col).where(ok).fillna(0.0)
     final = _col(g, "summary/final_test_accuracy").where(ok).fillna(0.0)
     rtt = _col(g, rtt_col).where(ok)
@@ -190,7 +211,8 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     (settings, method).
 
     Columns: ``method``, the settings, ``config`` (its tuned params as ``k=v, ...``), ``n`` (scored
-    seeds), ``acc_mean/acc_std`` (the accuracy runs are scored by: best test accuracy, or with a
+    seeds), ``acc_mean/acc_std`` (what runs are scored by: ``report.metric`` where ``trials.attrs`` names
+    one (:func:`score_column`), else the accuracy: best test accuracy, or with a
     validation split the test accuracy at the best validation round), ``final_mean/final_std``,
     ``rtt_mean/rtt_std`` (rounds to target on test over the seeds that reached it), ``reached``,
     ``sec_to_target``, ``comm_to_target``, ``sec_per_round``, ``stability``, ``sel_acc_mean``,
@@ -202,7 +224,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     params = trials.attrs.get("params", [])
     settings = [k for k in setting_keys if k in params]
     tuned = [k for k in params if k not in settings]
-    split = selected_on(trials)
+    split, metric = selected_on(trials), trials.attrs.get("metric")
     t = trials[trials["stage"] == "tune"]
     scored = t["status"].isin(SCORED)
     # a method's config shows the keys it is tuned over: those that vary among its own trials
@@ -215,7 +237,7 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
             "config_id": cid, "method": first["method"],
             **{k: first[k] for k in settings},
             "config": ", ".join(f"{k}={_fmt_value(first[k])}" for k in own[first["method"]] if _present(first[k])),
-            **_scores(g[scored.loc[g.index]], split),
+            **_scores(g[scored.loc[g.index]], split, metric),
             "diverged": int((g["status"] == "diverged").sum()),
             "statuses": ", ".join(f"{k} {v}" for k, v in g["status"].value_counts().sort_index().items()),
             "draw": first.get("draw"),
@@ -230,18 +252,19 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     table = table.sort_values(keys, ascending=asc, na_position="last")
     table["rank"] = table.groupby([*settings, "method"], sort=False, dropna=False).cumcount() + 1
     table = table.sort_values(["method", *settings, "rank"], kind="stable")
-    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials), selected_on=split)
+    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials), selected_on=split, metric=metric)
     return table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True)
 
 
 def selected_configs(tracking_uri: str | None, experiment: str, sweep: str,
                      setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
-                     relative_target: float | None = None) -> pd.DataFrame:
+                     relative_target: float | None = None, metric: str | None = None) -> pd.DataFrame:
     """The rank-1 config of each (settings, method) among the sweep's tuning trials, by the rule the
     report's best-config table uses (a confirm stage reruns exactly these): one row each, with its
     ``config_id`` and ``run_ids``. Raises ConfigError where a method has nothing scored to select."""
     from mlflow import MlflowClient
     trials = load_trials(tracking_uri, experiment, sweep)
+    trials.attrs["metric"] = metric
     if relative_target is not None:
         settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
         relative_targets(trials, _Runs(MlflowClient(tracking_uri=trials.attrs["tracking_uri"])), settings_in,
@@ -271,7 +294,7 @@ def best_configs(configs: pd.DataFrame, trials: pd.DataFrame | None = None) -> p
         for i, row in best.iterrows():
             runs = confirm[confirm["config_id"] == row["config_id"]]
             if len(runs):
-                for key, value in _scores(runs, split).items():
+                for key, value in _scores(runs, split, configs.attrs.get("metric")).items():
                     best.at[i, key] = value
                 best.at[i, "scored_on"] = "confirm"
     for key in settings:

@@ -18,8 +18,8 @@ from fedsweep.reports.plots import (accuracy_curves_png, client_ecdf_png, rounds
 from fedsweep.reports.stats import Metric, add_intervals, comparison_table, interaction_table, seed_values
 from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _comparisons_table, _interactions_table,
                                      _markdown, _rounds_table)
-from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORE_COLUMNS, SCORED, _col, _fmt_value, _groups, _Runs,
-                                    best_configs, config_table, load_trials, relative_targets)
+from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs, best_configs,
+                                    config_table, load_trials, relative_targets, score_column)
 
 
 #: Default equivalence margins (``report.margin``): a difference inside ±margin counts as none.
@@ -27,13 +27,14 @@ MARGINS = {"accuracy": 0.01, "rounds": 2.0}
 
 
 def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float | None,
-                     margin: dict[str, float] | None = None) -> dict[str, Metric]:
+                     margin: dict[str, float] | None = None, metric: str | None = None) -> dict[str, Metric]:
     """What comparisons.csv compares: rounds to target when a target is set (censored where a run never
     reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by (with a
     validation split, ``split``, each run's test accuracy at its best validation round); each with its
-    equivalence margin (``margin``: ``accuracy``, ``rounds``; :data:`MARGINS` for what it leaves out)."""
+    equivalence margin (``margin``: ``accuracy``, ``rounds``; :data:`MARGINS` for what it leaves out).
+    ``metric`` (``report.metric``): that per-client accuracy instead, scored as :func:`score_column` says."""
     margin = {**MARGINS, **(margin or {})}
-    score = SCORE_COLUMNS[split][0]
+    score = score_column(split, metric)
     metrics = {}
     if rule == "target":
         metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
@@ -117,7 +118,7 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                  relative_target: float | None = None, resolution: float | None = None,
                  margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
-                 order: Sequence[int] | None = None) -> SimpleNamespace:
+                 order: Sequence[int] | None = None, metric: str | None = None) -> SimpleNamespace:
     """What the report's numbers come from, read from the sweep's MLflow runs: ``trials``, ``configs``,
     ``best`` (with its intervals), the per-seed ``values`` and the ``comparisons`` (with ``looks`` and
     ``order``, a sequential confirm stage's: :func:`fedsweep.reports.stats.comparison_table`), and
@@ -125,6 +126,7 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     stage's driver reads its open comparisons here, by the report's own rules."""
     from mlflow import MlflowClient
     trials = load_trials(tracking_uri, experiment, sweep)
+    trials.attrs["metric"] = metric       # report.metric: what configs are selected, scored and compared by
     if not trials["status"].isin(SCORED).any():
         counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
         errors = trials.loc[trials["error"] != "", "error"]
@@ -151,8 +153,8 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
     reference = reference if reference in set(best["method"]) else None
     resolution = resolution or 1.0
-    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin)
-    score = SCORE_COLUMNS[configs.attrs["selected_on"]][0]   # what runs are scored by: selection did not look at it
+    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin, metric)
+    score = score_column(configs.attrs["selected_on"], metric)   # what runs are scored by: selection did not look at it
     shown = [score, "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
     # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
     # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
@@ -172,7 +174,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True,
                 quiet: bool = False, margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
-                order: Sequence[int] | None = None) -> ReportResult:
+                order: Sequence[int] | None = None, metric: str | None = None) -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, for runs evaluated per client
@@ -187,7 +189,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     ``to_parent``: also log the report onto the sweep's MLflow parent run (:mod:`fedsweep.reports.parent`;
     a store that refuses it costs one line on stderr, not the report); ``quiet``: without the line
     saying it was logged there. ``margin``: equivalence margins (``report.margin``); ``looks``, ``order``:
-    a sequential confirm stage's looks and seeds (:func:`fedsweep.sweep.confirm.looks`). Returns the path
+    a sequential confirm stage's looks and seeds (:func:`fedsweep.sweep.confirm.looks`); ``metric``: what
+    configs are selected, scored and compared by (``report.metric``), default test accuracy. Returns the path
     of ``report.md`` and the tables (:class:`ReportResult`)."""
     from mlflow import MlflowClient  # noqa: F401  (MLflow's import counts in the start-up, ended below)
 
@@ -195,7 +198,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     from fedsweep.util.startup import end_startup
     end_startup()   # `fedsweep report`: its imports are done
     t = sweep_tables(tracking_uri, experiment, sweep, setting_keys, reference, relative_target, resolution, margin,
-                     looks, order)
+                     looks, order, metric)
     trials, runs, configs, best, comparisons = t.trials, t.runs, t.configs, t.best, t.comparisons
     reference, resolution, target, thresholds, max_rounds = t.reference, t.resolution, t.target, t.thresholds, t.max_rounds
     settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
@@ -235,6 +238,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 if thresholds is not None else f"{target:g}")
         rule_text = (f"fewest mean rounds to the target accuracy {what} (configs where every seed reached it "
                      "first, then by the fraction of seeds that did; ties broken by best accuracy)")
+    elif rule == "metric":
+        rule_text = (f"best mean over seeds of `{metric}` (`report.metric`: each run's best, or with a validation "
+                     "split its value at the round of its validation twin's best)")
     else:
         rule_text = "best mean over seeds of the best test accuracy (no target accuracy was set)"
     lines = [
@@ -357,7 +363,12 @@ def _splits_text(split: str, best: pd.DataFrame, trials: pd.DataFrame) -> str:
     tuning = trials[trials["stage"] == "tune"] if "stage" in trials else trials
     if not tuning["status"].isin(["finished", "stopped"]).any():
         return "nothing was selected: every tuning run diverged or failed, so none has a result to select by"
-    if split == "validation":
+    metric = best.attrs.get("metric")
+    if split == "validation" and metric:
+        kind, _, name = metric.partition("/")
+        chose = (f"selected on the validation split (the best `{kind}/val_{name}` over the evaluations); scored "
+                 f"on the test split, each run's `{metric}` at its round of best `{kind}/val_{name}`")
+    elif split == "validation":
         chose = ("selected on the validation split (best validation accuracy; rounds to the target on "
                  "validation); scored on the test split, each run at its round of best validation accuracy")
     else:

@@ -8,7 +8,9 @@ split, its own validation data: :mod:`fedsweep.data.client_test`) with
 * ``finetuned/*``: w^t fine-tuned on the client's training data for ``eval.finetune_steps`` local SGD
   steps (FedAvg's client update, batches from ``(seed, t, "finetune")``), the FedAvg+FT baseline;
 * ``personal/*``: the algorithm's personal model of the client (``Algorithm.personal_models``: Ditto's
-  v_k, FedPer's head on the shared body), where it has them.
+  v_k, FedPer's head on the shared body), where it has them;
+* ``served/*``: the model the client is served: its personal one where the algorithm has them, else the
+  global one, so methods with and without personal models compare on one metric (``report.metric``).
 
 Each gives the distribution's summaries over the clients (:func:`distribution`): ``accuracy_mean``
 (every client alike), ``accuracy_weighted`` (by its test samples), ``accuracy_p10`` (the mean of the
@@ -56,7 +58,8 @@ def metric_names(cfg: RunConfig, personal: bool) -> list[str]:
     """Every per-client metric a run of ``cfg`` records (``personal``: its algorithm has personal models)."""
     if cfg.eval.clients is None:
         return []
-    kinds = ["clients", *(["finetuned"] if cfg.eval.finetune_steps else []), *(["personal"] if personal else [])]
+    kinds = ["clients", *(["finetuned"] if cfg.eval.finetune_steps else []), *(["personal"] if personal else []),
+             "served"]
     splits = ["accuracy", *(["val_accuracy"] if cfg.data.validation_fraction > 0 else [])]
     return [f"{k}/{s}_{stat}" for k in kinds for s in splits for stat in STATS]
 
@@ -122,6 +125,8 @@ class ClientEvaluator:
                               for name, x, y, index in self.splits()})
             for name, *_ in self.splits() if parts else ():
                 right[(kind, name)] = torch.cat([p[name] for p in parts])
+        for name, *_ in self.splits():   # what each client is served: its personal model, else the global one
+            right[("served", name)] = right.get(("personal", name), right[("clients", name)])
         sizes = {name: index.sizes.cpu().numpy() for name, _, _, index in self.splits()}
         metrics, rows = {}, {"client": self.ids.tolist()}
         rows.update({f"n_{'test' if name == 'accuracy' else 'val'}": sizes[name].tolist()
@@ -129,8 +134,9 @@ class ClientEvaluator:
         for (kind, name), r in right.items():
             r = r.cpu().numpy()
             metrics.update(distribution(r, sizes[name], f"{kind}/{name}"))
-            acc = np.where(sizes[name] > 0, r / np.maximum(sizes[name], 1), np.nan)
-            rows[name if kind == "clients" else f"{kind}_{name}"] = acc.tolist()
+            if kind != "served":   # the csv has the models themselves
+                acc = np.where(sizes[name] > 0, r / np.maximum(sizes[name], 1), np.nan)
+                rows[name if kind == "clients" else f"{kind}_{name}"] = acc.tolist()
         self.rows = [dict(zip(rows, values)) for values in zip(*rows.values())]
         return metrics
 

@@ -11,8 +11,9 @@ import numpy as np
 from fedsweep.config.schema import RunConfig
 
 #: The models per-client evaluation scores (``eval.clients``), as their metrics' prefixes
-#: (:mod:`fedsweep.runs.client_eval`): the global model, it fine-tuned, the algorithm's personal ones.
-CLIENT_KINDS = ("clients", "finetuned", "personal")
+#: (:mod:`fedsweep.runs.client_eval`): the global model, it fine-tuned, the algorithm's personal ones,
+#: and the model each client is served (its personal one where the algorithm has them, else the global).
+CLIENT_KINDS = ("clients", "finetuned", "personal", "served")
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
@@ -103,9 +104,26 @@ def own_summary(history: list[dict]) -> dict:
 
 def client_summary(evals: list[dict]) -> dict:
     """The last evaluation's per-client metrics as ``final_<kind>_<metric>`` (``clients/accuracy_p10`` ->
-    ``final_clients_accuracy_p10``); {} without per-client evaluation."""
+    ``final_clients_accuracy_p10``), and for each per-client accuracy what selection and scoring read
+    (``report.metric``): its best over the evaluations (``best_clients_accuracy_p10``) and, with a
+    validation split, its twin's best (``best_clients_val_accuracy_p10``) and the metric at the first
+    evaluation reaching that (``clients_accuracy_p10_at_best_val``: the run's score as validation would
+    early-stop it); {} without per-client evaluation."""
     last = evals[-1] if evals else {}
-    return {f"final_{k.replace('/', '_')}": v for k, v in last.items() if k.partition("/")[0] in CLIENT_KINDS}
+    out = {f"final_{k.replace('/', '_')}": v for k, v in last.items() if k.partition("/")[0] in CLIENT_KINDS}
+    for key in last:
+        kind, _, name = key.partition("/")
+        if kind not in CLIENT_KINDS or name.startswith("val_") or name.endswith("_std"):
+            continue                  # (a spread is no score: lower is not worse for every question)
+        flat, twin = key.replace("/", "_"), f"{kind}/val_{name}"
+        rows = [h for h in evals if key in h]
+        out[f"best_{flat}"] = max(h[key] for h in rows)
+        rows = [h for h in rows if twin in h]
+        if rows:
+            best = max(rows, key=lambda h: h[twin])    # the first of equal ones: the earliest round
+            out[f"best_{twin.replace('/', '_')}"] = best[twin]
+            out[f"{flat}_at_best_val"] = best[key]
+    return out
 
 
 def summary_json(summary: dict) -> str:
@@ -144,7 +162,7 @@ def _client_rows(summary: dict, fmt) -> list[tuple]:
     """format_summary's rows of per-client evaluation: each model's accuracy over the clients."""
     return [(f"{kind} accuracy: mean / worst 10% / min",
              " / ".join(fmt(summary.get(f"final_{kind}_accuracy_{s}")) for s in ("mean", "p10", "min")))
-            for kind in CLIENT_KINDS if f"final_{kind}_accuracy_mean" in summary]
+            for kind in CLIENT_KINDS[:3] if f"final_{kind}_accuracy_mean" in summary]
 
 
 def _validation_rows(summary: dict, fmt) -> list[tuple]:

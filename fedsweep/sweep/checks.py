@@ -74,6 +74,17 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
                           f"allowed: {', '.join(methods)}")
     if sweep.report.relative_target is not None and reference_method(sweep, methods) is None:
         raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
+    metric = sweep.report.metric
+    if metric is not None:
+        from fedsweep.sweep.spec import REPORT_METRICS
+        if metric not in REPORT_METRICS:
+            raise ConfigError(f"{source}: report.metric: {metric!r} is not a metric configs can be scored by; allowed: "
+                              "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min> (e.g. "
+                              "clients/accuracy_p10), or unset for test accuracy")
+        if sweep.report.relative_target is not None:
+            raise ConfigError(f"{source}: report.relative_target counts rounds to a share of test accuracy, and "
+                              f"report.metric {metric!r} scores configs by another metric; unset one of them")
+        check_client_metric("report.metric", metric, trials, source)
 
 
 def check_importable(trials: list[Trial], source: str = "sweep") -> None:

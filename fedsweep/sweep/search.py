@@ -48,7 +48,7 @@ class SearchConfig(BaseModel):
         "`eval.target_accuracy`, else rounds + 1; with `mode: min`) and, for trials with a validation split "
         "(`data.validation_fraction`), their validation twins val/accuracy, val/loss, best/val_accuracy, "
         "val_rounds_to_target: there the default becomes best/val_accuracy and a test metric is refused; with "
-        "`eval.clients`, per-client evaluation's `<clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std>` "
+        "`eval.clients`, per-client evaluation's `<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std>` "
         "and their twins `<model>/val_accuracy_<stat>` (docs/run.md, Per-client evaluation).")
     mode: Literal["max", "min"] = Field("max", description="`optuna`: whether a larger `metric` is better.")
     random_first: int | None = Field(

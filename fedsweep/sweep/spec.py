@@ -32,14 +32,16 @@ from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 #: Per-client evaluation's (``eval.clients``: docs/run.md), as of the last evaluation, where the trials
 #: evaluate per client: ``<model>/accuracy_<stat>`` on the clients' test data, ``<model>/val_accuracy_<stat>``
 #: on their validation data.
-CLIENT_TEST_METRICS = tuple(f"{kind}/accuracy_{stat}" for kind in ("clients", "finetuned", "personal")
+CLIENT_TEST_METRICS = tuple(f"{kind}/accuracy_{stat}" for kind in ("clients", "finetuned", "personal", "served")
                             for stat in ("mean", "weighted", "p10", "min", "std"))
 CLIENT_VAL_METRICS = tuple(m.replace("/accuracy_", "/val_accuracy_") for m in CLIENT_TEST_METRICS)
 VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target", *CLIENT_VAL_METRICS)
 TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_target", *CLIENT_TEST_METRICS,
                 *VAL_METRICS)
+#: What ``report.metric`` may name: the per-client accuracies whose larger value is better.
+REPORT_METRICS = tuple(m for m in CLIENT_TEST_METRICS if not m.endswith("_std"))
 #: The metrics trials report, as an error line lists them.
-METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", <clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std> "
+METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", <clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std> "
                 "(eval.clients), and on a validation split " + ", ".join(VAL_METRICS[:4]) +
                 ", <model>/val_accuracy_<stat>")
 #: Each test metric's validation twin: what selection reads once the trials have a validation split.
@@ -55,7 +57,7 @@ class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
     metric: str = Field("test/accuracy", description="Metric ASHA compares at its rungs, as of the last "
                         "evaluation: " + ", ".join(TUNE_METRICS[:4]) + ", per-client evaluation's "
-                        "`<clients|finetuned|personal>/accuracy_<mean|weighted|p10|min|std>` (docs/run.md), and "
+                        "`<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std>` (docs/run.md), and "
                         "their validation twins " + ", ".join(VAL_METRICS[:4]) + ", `<model>/val_accuracy_<stat>`. "
                         "Where the trials have a validation split "
                         "(`data.validation_fraction`) selection reads it: the default becomes val/accuracy, and a "
@@ -96,6 +98,13 @@ class ReportConfig(_Strict):
     relative_target: float | None = Field(
         None, gt=0, le=1, description="Count rounds to this fraction of the reference method's final accuracy "
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
+    metric: str | None = Field(
+        None, description="What configs are selected, scored and compared by, instead of test accuracy (and "
+        "rounds to target): a per-client accuracy (`eval.clients`, docs/run.md) `<clients|finetuned|personal|served>/"
+        "accuracy_<mean|weighted|p10|min>`, e.g. `served/accuracy_p10` for the worst 10% of clients under "
+        "the model each is served (its personal one where the method has them, else the global one). Each run's is its best over the evaluations, or with a validation split the "
+        "metric at the round of its validation twin's best (`personal/val_accuracy_p10`), which selection "
+        "reads; verdicts compare it paired by seed, margin `report.margin.accuracy`. Unset: test accuracy.")
     margin: MarginConfig = Field(
         default_factory=lambda: MarginConfig(), description="Equivalence margins: a comparison whose adjusted "
         "interval lies inside ±margin reads `equivalent` (docs/sweeps.md, Intervals and verdicts).")
