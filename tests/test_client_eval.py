@@ -281,3 +281,16 @@ def test_report_metric_selects_on_validation_scores_confirm_runs_and_calls_verdi
     assert row["verdict"] in ("better", "worse", "equivalent", "inconclusive") and row["n_seeds"] == 3
     text = result.path.read_text()
     assert "best mean over seeds of `served/accuracy_p10`" in text and "served/accuracy_p10 at best val" in text
+
+
+def test_synthetic_clients_are_scored_on_their_own_held_out_samples():
+    """FedProx's synthetic data: each client's test samples come from its own model (W_k, b_k); auto picks them."""
+    from fedsweep.data import load_federated
+    raw = tiny_raw(data={"name": "synthetic", "num_clients": 6}, model={"name": "mlp", "options": {"hidden": 8}},
+                   rounds=2, eval={"every": 2, "clients": "all"})
+    module = _train(raw)
+    data = load_federated(module.cfg.data, module.cfg.seed)
+    assert [r["n_test"] for r in module.client_eval_rows] == data.client_test.sizes.tolist()
+    assert data.client_test.values.tolist() == list(range(len(data.y_test)))   # every test sample, its client's
+    matched = _train({**raw, "eval": {"every": 2, "clients": "all", "client_test": "matched", "client_test_size": 7}})
+    assert {r["n_test"] for r in matched.client_eval_rows} <= set(range(8))

@@ -158,7 +158,7 @@ class EvalConfig(_Strict):
         "Unset: off.")
     client_test: Literal["auto", "natural", "matched"] = Field(
         "auto", description="Each evaluated client's test data: `natural`, its own test samples where the dataset "
-        "has them (LEAF's users, a dataset's `client_test_indices`); `matched`, `client_test_size` samples drawn "
+        "has them (LEAF's users, `synthetic`'s clients, a dataset's `client_test_indices`); `matched`, `client_test_size` samples drawn "
         "from the test split with the client's training label mix; `auto`: natural where there are any, else "
         "matched.")
     client_test_size: int = Field(

@@ -5,7 +5,7 @@ test splits; FedRep, Ditto and pFL-Bench's test data "following the client's lab
 fedsweep gives every evaluated client i:
 
 * ``natural`` (``eval.client_test``): its own test samples, where the dataset has them (LEAF's users,
-  a dataset's ``client_test_indices``); a client without any is not scored.
+  ``synthetic``'s clients, a dataset's ``client_test_indices``); a client without any is not scored.
 * ``matched``: ``eval.client_test_size`` samples drawn without replacement from the test split, the
   class counts its training labels' shares rounded by largest remainder (each class at most what the
   split holds), from ``(seed, -1, "client test/i")``: client i's set does not depend on which other

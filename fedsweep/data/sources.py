@@ -176,7 +176,8 @@ def load_synthetic(seed: int, num_clients: int, test_fraction: float, alpha: flo
     client, so each keeps ≥ 1 training sample).
 
     Each client's data is its own: this is the natural partition, and ``data.partition`` is ignored.
-    A random ``test_fraction`` of each client's samples (at most n_k − 1) goes to the global test set.
+    A random ``test_fraction`` of each client's samples (at most n_k − 1) goes to the global test set,
+    and stays the client's own there (``client_test_indices``: per-client evaluation's natural test data).
     """
     n_clients, dim, n_cls = num_clients, dimension, num_classes
     rng = np_rng(seed, -1, "synthetic")
@@ -208,7 +209,9 @@ def load_synthetic(seed: int, num_clients: int, test_fraction: float, alpha: flo
         x_te[test_at[k]:test_at[k + 1]], y_te[test_at[k]:test_at[k + 1]] = x[te], y[te]
     everyone = np.arange(train_at[-1], dtype=np.int64)
     clients = [everyone[a:b] for a, b in zip(train_at[:-1], train_at[1:])]   # views: no copies
-    return Source(x_tr, y_tr, x_te, y_te, num_classes=n_cls, client_indices=clients)
+    tested = np.arange(test_at[-1], dtype=np.int64)
+    tests = [tested[a:b] for a, b in zip(test_at[:-1], test_at[1:])]        # each client's own test samples
+    return Source(x_tr, y_tr, x_te, y_te, num_classes=n_cls, client_indices=clients, client_test_indices=tests)
 
 
 # ---------------------------------------------------------------------------------------------
