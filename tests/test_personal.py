@@ -72,8 +72,8 @@ def test_fedrep_trains_the_head_then_the_body_by_hand(engine):
 
 def test_a_head_of_every_layer_is_refused_in_one_line():
     from fedsweep.util.errors import ConfigError
-    with pytest.raises(ConfigError, match=r"algorithm.head_layers: 2 head layer\(s\) leave no shared body; the model "
-                                          r"has 2 layer\(s\) with parameters \(body, head\); allowed 1..1"):
+    with pytest.raises(ConfigError, match=r"algorithm.head_layers: the last 2 layer\(s\) leave none before them; the "
+                                          r"model has 2 layer\(s\) with parameters \(body, head\); allowed 1..1"):
         make_algorithm("fedper", 3, 2, [2, 1, 3], layout=LAYOUT, head_layers=2)
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import fedsweep
 from fedsweep.algorithms.client_rows import ClientRows
+from fedsweep.algorithms.personal import last_layers
 
 
 class LGParams(BaseModel):
@@ -34,14 +35,7 @@ class LGFedAvg(fedsweep.Algorithm):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        layers = list(dict.fromkeys(name.rpartition(".")[0] for name, _, _ in ctx.layout))
-        if params.global_layers >= len(layers):
-            raise fedsweep.ConfigError(f"algorithm.global_layers: {params.global_layers} of the model's {len(layers)} "
-                                       f"layers leave no local representation; allowed 1..{len(layers) - 1}")
-        glob = set(layers[-params.global_layers:])
-        self.local = torch.zeros(ctx.dim, dtype=torch.bool, device=ctx.device)
-        for name, start, stop in ctx.layout:
-            self.local[start:stop] = name.rpartition(".")[0] not in glob
+        self.local = ~last_layers(ctx, params.global_layers, "global_layers")   # the body: all but the head
         self.bodies = ClientRows(ctx.num_clients, int(self.local.sum()), ctx.device, ctx.dtype)
 
     def _own(self, clients):

@@ -107,11 +107,13 @@ class FedPerParams(BaseModel):
                              "client's own (the personalization layers); the others are federated.")
 
 
-def head_mask(ctx, layers: int, key: str) -> "torch.Tensor":
-    """bool (n,): the entries of w that are the last ``layers`` parameter-holding layers (``ctx.layout``)."""
+def last_layers(ctx, layers: int, key: str) -> "torch.Tensor":
+    """bool (n,): the entries of w that are the last ``layers`` parameter-holding layers (``ctx.layout``),
+    for an algorithm that splits the model there (``key`` names its option in the one-line error when
+    they leave no layer before them)."""
     owners = list(dict.fromkeys(name.rpartition(".")[0] for name, _, _ in ctx.layout))
     if not ctx.layout or layers >= len(owners):
-        raise ConfigError(f"algorithm.{key}: {layers} head layer(s) leave no shared body; the model has "
+        raise ConfigError(f"algorithm.{key}: the last {layers} layer(s) leave none before them; the model has "
                           f"{len(owners)} layer(s) with parameters ({', '.join(owners) or 'none named'}); "
                           f"allowed 1..{max(len(owners) - 1, 1)}")
     head = set(owners[-layers:])
@@ -129,7 +131,7 @@ class _PersonalHead(Algorithm):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.head = head_mask(ctx, params.head_layers, "head_layers")
+        self.head = last_layers(ctx, params.head_layers, "head_layers")
         self.heads = ClientRows(ctx.num_clients, int(self.head.sum()), ctx.device, ctx.dtype)
 
     def own_heads(self, clients) -> "torch.Tensor":
