@@ -155,3 +155,19 @@ def test_seeded_dropout_masks():
     assert bool(((maps == 0).all(dim=(2, 3)) | (maps > 0).all(dim=(2, 3))).all())
     layer.eval()
     assert torch.equal(layer(x), x)
+
+
+def test_a_copy_of_a_seeded_model_keeps_its_masks():
+    """FunctionalModel of a copy of an already-seeded module (the vmap check's, the global-RNG check's)
+    knows its seeded layers: the same keys, the same masks."""
+    import copy
+
+    from fedsweep.engine.functional import FunctionalModel
+    net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 3))
+    fm = FunctionalModel(net)
+    again = FunctionalModel(copy.deepcopy(fm.module))
+    assert again.dropout_keys == fm.dropout_keys == ["1.key"] and again.random and "1.key" not in again.buffers
+    x, key = torch.randn(5, 4), torch.tensor(12345)
+    w = fm.flatten()
+    assert torch.equal(fm.logits(w, x, key), again.logits(w, x, key))
+    assert not torch.equal(fm.logits(w, x, key), fm.logits(w, x, torch.tensor(7)))

@@ -54,10 +54,12 @@ class SeededDropout(nn.Module):
 
 def seed_dropouts(module: nn.Module) -> list[str]:
     """Swap every dropout layer of ``module`` (in place) for a :class:`SeededDropout`; the names of
-    their ``key`` buffers, in module order."""
-    found = [(name, m) for name, m in module.named_modules() if type(m) in _DROPOUTS]
+    their ``key`` buffers, in module order (a layer swapped before, as in a copy of a swapped model,
+    is kept and named)."""
+    found = [(name, m) for name, m in module.named_modules() if type(m) in _DROPOUTS or isinstance(m, SeededDropout)]
     for layer, (name, m) in enumerate(found):
-        _replace(module, name, SeededDropout(m.p, _DROPOUTS[type(m)], layer, type(m)))
+        if not isinstance(m, SeededDropout):
+            _replace(module, name, SeededDropout(m.p, _DROPOUTS[type(m)], layer, type(m)))
     return [f"{name}.key" for name, _ in found]
 
 

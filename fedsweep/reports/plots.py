@@ -342,42 +342,39 @@ def search_draws_png(configs: pd.DataFrame, random_first: int, path: Path, title
     return save_figure(fig, path, title or f"optuna's draws in order (dashed: TPE after {random_first} random)")
 
 
-#: Per-client evaluation's models: the columns of client_eval.csv and how each is drawn.
-CLIENT_CURVES = (("accuracy", "global", "-"), ("finetuned_accuracy", "fine-tuned", "--"),
-                 ("personal_accuracy", "personal", ":"))
+#: Per-client evaluation's models: the columns of client_eval.csv and their panels' names.
+CLIENT_CURVES = (("accuracy", "global"), ("finetuned_accuracy", "fine-tuned"), ("personal_accuracy", "personal"))
 
 
 def client_ecdf_png(best: pd.DataFrame, runs: _Runs, path: Path, title: str = "") -> Path | None:
-    """The distribution of per-client test accuracy at the last evaluation (``client_eval.csv``): per
-    setting a panel, per method its colour, per model a line style (global solid, fine-tuned dashed,
-    personal dotted); each line the ECDF of every evaluated client of the best config's runs, pooled.
-    None when no run evaluated per client."""
-    from fedsweep.runs.plots import plt
+    """The distribution of per-client test accuracy at the last evaluation (``client_eval.csv``): a row
+    of panels per setting, a panel per model (global, fine-tuned, personal: those some run has), a line
+    per method in its colour, each the ECDF of every evaluated client of the best config's runs,
+    pooled. None when no run evaluated per client."""
+    from fedsweep.runs.plots import plt, save_figure
     groups = _groups(best)
-    tables = {idx: [t for run in r["run_ids"] if (t := runs.client_eval(run)) is not None]
-              for idx, r in best.iterrows()}
-    if not any(tables.values()):
+    tables = {idx: pd.concat(ts) for idx, r in best.iterrows()
+              if (ts := [t for run in r["run_ids"] if (t := runs.client_eval(run)) is not None])}
+    if not tables:
         return None
+    models = [(c, m) for c, m in CLIENT_CURVES if any(c in t and t[c].notna().any() for t in tables.values())]
     colors = _colors(best["method"].unique())
-    fig, axes = _panel_grid(len(groups))
-    for ax, (label, g) in zip(axes.flat, groups):
-        for idx, r in g.iterrows():
-            if not tables[idx]:
-                continue
-            pooled = pd.concat(tables[idx])
-            for column, model, style in CLIENT_CURVES:
-                acc = np.sort(pooled[column].dropna().to_numpy()) if column in pooled else np.array([])
-                if acc.size:
-                    ax.step(acc, np.arange(1, acc.size + 1) / acc.size, where="post", ls=style,
-                            color=colors[r["method"]], label=f"{r['method']} ({model})")
+    fig, axes = plt.subplots(len(groups), len(models), figsize=(4.2 * len(models), 3.4 * len(groups)),
+                             squeeze=False, sharex=True, sharey=True)
+    for row, (label, g) in zip(axes, groups):
+        for ax, (column, model) in zip(row, models):
+            for idx, r in g.iterrows():
+                pooled = tables.get(idx)
+                acc = np.sort(pooled[column].dropna().to_numpy()) if pooled is not None and column in pooled else []
+                if len(acc):
+                    ax.step(acc, np.arange(1, len(acc) + 1) / len(acc), where="post", color=colors[r["method"]],
+                            label=r["method"])
+            ax.set_title(f"{label}: {model}" if label else model, fontsize=9)
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1.02)
+            if ax.lines:
+                ax.legend(fontsize=7, loc="upper left")
+        row[0].set_ylabel("share of clients at or below")
+    for ax in axes[-1]:
         ax.set_xlabel("a client's test accuracy")
-        ax.set_xlim(0, 1)
-        ax.set_title(label or "all runs")
-        ax.legend(fontsize=7)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("share of clients at or below")
-    for ax in list(axes.flat)[len(groups):]:
-        ax.set_visible(False)
-    from fedsweep.runs.plots import save_figure
-    plt.setp(axes, ylim=(0, 1.02))
     return save_figure(fig, path, title)

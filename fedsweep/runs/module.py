@@ -134,8 +134,10 @@ class FederatedModule(L.LightningModule):
             self._pending_algo_state = None
         client_data = ClientData(self.data.x_train, self.data.y_train)
         # a random op the seeded dropout layers do not cover: each keyed forward pass seeds a fork of
-        # the global RNG (engine.functional), so the run still repeats exactly
-        self.fmodel.global_rng = self.fmodel.draws_global_rng(self.data.input_shape)
+        # the global RNG (engine.functional), so the run still repeats exactly. fedsweep's own models
+        # draw nothing (tests/test_models.py): not tried
+        ours = type(self.fmodel.module).__module__.startswith("fedsweep.")
+        self.fmodel.global_rng = not ours and self.fmodel.draws_global_rng(self.data.input_shape)
         self.engine_name, self.engine_why = engine_choice(self.cfg.engine, self.fmodel.module, dev,
                                                           self.data.input_shape)
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
