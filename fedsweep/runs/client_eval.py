@@ -35,9 +35,6 @@ from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.client_index import ClientIndex
 from fedsweep.sim.heterogeneity import RoundPlan, schedule_batches
 
-from fedsweep.runs.summary import CLIENT_KINDS as KINDS  # noqa: E402,F401 - the models scored, as prefixes
-
-STATS = ("mean", "weighted", "p10", "std", "min")
 #: Clients fine-tuned at once (their (m, n) models at a time).
 FINETUNE_CHUNK = 64
 
@@ -52,16 +49,6 @@ def distribution(right: np.ndarray, n: np.ndarray, prefix: str) -> dict[str, flo
     return {f"{prefix}_mean": float(acc.mean()), f"{prefix}_weighted": float(right[keep].sum() / size.sum()),
             f"{prefix}_p10": float(np.sort(acc)[:worst].mean()), f"{prefix}_std": float(acc.std()),
             f"{prefix}_min": float(acc.min())}
-
-
-def metric_names(cfg: RunConfig, personal: bool) -> list[str]:
-    """Every per-client metric a run of ``cfg`` records (``personal``: its algorithm has personal models)."""
-    if cfg.eval.clients is None:
-        return []
-    kinds = ["clients", *(["finetuned"] if cfg.eval.finetune_steps else []), *(["personal"] if personal else []),
-             "served"]
-    splits = ["accuracy", *(["val_accuracy"] if cfg.data.validation_fraction > 0 else [])]
-    return [f"{k}/{s}_{stat}" for k in kinds for s in splits for stat in STATS]
 
 
 class ClientEvaluator:
