@@ -362,7 +362,7 @@ def sweep_report(sweep: str | os.PathLike | dict, out_dir: str | os.PathLike | N
                            reference=reference_method(spec, (t.method for t in trials)),
                            relative_target=spec.report.relative_target, sampled_keys=sampled_keys(spec),
                            resolution=max(t.config.eval.every for t in trials),   # rounds are seen this often
-                           margin=spec.report.margin.model_dump(), metric=spec.report.metric,
+                           margin=spec.report.margin.model_dump(), metric=spec.report.metric, mode=spec.report.mode,
                            looks=looks(spec), order=seed_order(spec) if spec.confirm is not None else None,
                            random_first=spec.search.startup() if spec.search and spec.search.searcher == "optuna"
                            else None, quiet=quiet)

@@ -153,6 +153,7 @@ class _Checker:
                        compares=True)
             for hook in ("communication", "compute"):
                 self.check(f"{hook} counts clients that returned", hook, lambda h=hook: self.accounting(h))
+            self.check("round_metrics logs what metrics declares", "round_metrics", self.declared_metrics)
         finally:
             torch.set_num_threads(threads)
             if self.twin != self.name:
@@ -325,6 +326,26 @@ class _Checker:
             if differ:
                 raise _Broken(f"aggregate: {what} ({', '.join(map(repr, differ))}) depends on the uploads of clients "
                               "that dropped out; leave their part as it was (torch.where on plan.participated)")
+
+    def declared_metrics(self) -> None:
+        """Every name in ``metrics`` is logged by ``round_metrics`` in the tiny run (a sweep may select on
+        it), and none of what it logs takes a name of fedsweep's own (``test/...``: it would be overwritten
+        or misread)."""
+        from fedsweep.runs.summary import FEDSWEEP_PREFIXES
+        module = self.run("loop")
+        plan = module.planner.plan(ROUNDS)
+        own = set(copy.deepcopy(module.algorithm).round_metrics(plan))
+        logged = set().union(own, *(set(h) for h in module.history))
+        clash = sorted(k for k in own if k.partition("/")[0] in FEDSWEEP_PREFIXES or "/" not in k)
+        if clash:
+            raise _Broken(f"round_metrics: logs {', '.join(map(repr, clash))}, not of the form <prefix>/<name> with a "
+                          f"prefix of its own (fedsweep's: {', '.join(sorted(FEDSWEEP_PREFIXES))}); name it e.g. "
+                          f"'{self.name}/{clash[0].rpartition('/')[2]}'")
+        missing = [m for m in self.cls.metrics if m not in logged]
+        if missing:
+            raise _Broken(f"metrics: declares {', '.join(map(repr, missing))}, which round_metrics never logged in "
+                          f"{len(module.history)} rounds; declare only what it logs (a sweep selecting on it would wait "
+                          "for it in vain)", "metrics")
 
     def accounting(self, hook: str) -> None:
         """``communication`` or ``compute`` of a real plan with none, 1, ..., K of its clients returning."""

@@ -81,6 +81,18 @@ BROKEN = {
         def communication(self, plan):
             return float(plan.num_sampled), float(plan.num_sampled)
         ''', "communication", "none of the 4 sampled clients returned"),
+    # declares a metric round_metrics never logs: a sweep selecting on it would wait for it in vain
+    "silent_metric": ('''
+        metrics = ("silent_metric/spread",)
+
+        def round_metrics(self, plan):
+            return {"silent_metric/mean": 1.0}
+        ''', "metrics", "declares 'silent_metric/spread', which round_metrics never logged"),
+    # logs under fedsweep's own prefix: read as fedsweep's test metric
+    "test_clash": ('''
+        def round_metrics(self, plan):
+            return {"test/spread": 1.0}
+        ''', "round_metrics", "logs 'test/spread', not of the form <prefix>/<name>"),
 }
 
 

@@ -30,6 +30,7 @@ class FedExP(fedsweep.Algorithm):
     SGD, so the client code is FedAvg's (row-wise). The authors evaluate the average of the last two
     iterates; fedsweep evaluates w^t, as for every method. Each round logs η_g^t as ``fedexp/eta_g``."""
     name = "fedexp"
+    metrics = ("fedexp/eta_g",)      # what round_metrics logs: a sweep may select on it
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -113,6 +113,9 @@ class Algorithm:
     #: rows of n numbers the server keeps for each client that has taken part (SCAFFOLD's c_i: 1), as
     #: :class:`~fedsweep.algorithms.client_rows.ClientRows`; what the memory check before training counts
     client_rows: ClassVar[int] = 0
+    #: the names ``round_metrics`` logs, declared so that a sweep may select, score and compare runs by
+    #: one of them (``report.metric``, ``search.metric``, ``scheduler.metric``), checked before it runs
+    metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -44,6 +44,7 @@ class QFedAvg(Algorithm):
     name = "qffl"
     Params = QFFLParams
     rowwise = True
+    metrics = ("qffl/mean_Fq", "qffl/max_loss")
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

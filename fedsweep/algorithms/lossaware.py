@@ -88,6 +88,7 @@ class _LossAware(Algorithm):
     """FedAvg clients that also report F_i(w^t); subclasses turn the gaps into weights α."""
     Params = LossAwareParams
     rowwise = True   # client_step and client_final are row-wise: run on all K clients stacked
+    metrics = ("weights/max_abs_dev", "weights/mean_abs_dev", "weights/max", "weights/effective_clients")
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

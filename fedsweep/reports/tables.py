@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from fedsweep.reports.trials import _fmt_value, _groups, _present
+from fedsweep.runs.summary import FEDSWEEP_PREFIXES, own_metric
 
 
 def _pm(mean, std, digits: int) -> str:
@@ -37,6 +38,8 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 def _score_label(attrs: dict) -> str:
     """What the tables call the number runs are scored by (``report.metric``, or test accuracy)."""
     metric, on_val = attrs.get("metric"), attrs.get("selected_on") == "validation"
+    if metric and own_metric(metric):
+        return f"final {metric} ({'lower' if attrs.get('mode') == 'min' else 'higher'} better)"
     if metric:
         return f"{metric} at best val" if on_val else f"best {metric}"
     return "test acc at best val" if on_val else "best acc"
@@ -129,7 +132,7 @@ def _all_table(configs: pd.DataFrame) -> str:
     settings = configs.attrs["settings"]
     on_val, metric = configs.attrs.get("selected_on") == "validation", configs.attrs.get("metric")
     accuracy = _score_label(configs.attrs)
-    twin = "/val_".join(metric.split("/", 1)) if metric else "val acc"
+    twin = ("final " + metric if own_metric(metric) else "/val_".join(metric.split("/", 1))) if metric else "val acc"
     selects = [f"{twin} (selects)", "val rounds to target (selects)"] if on_val else []
     header = ["method", *settings, "rank", "config", *selects, f"{accuracy} (± std)", "rounds to target (± std)",
               "reached", "seeds", "statuses", "config_id"]
@@ -169,3 +172,27 @@ def _client_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
             cells.append(" / ".join(_num(v, 3) for v in means) if _present(means[0]) else "—")
         rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells])
     return _markdown([*settings, "method", "seeds", *(f"{CLIENT_MODELS[k]}: mean / worst 10% / min" for k in kinds)], rows)
+
+
+def own_columns(trials: pd.DataFrame) -> list[str]:
+    """The summary columns of the algorithms' own metrics (``summary/final_qffl_mean_Fq``; runs/summary.py's
+    ``own_summary``): ``final_<prefix>_...`` whose prefix is none of fedsweep's."""
+    head = "summary/final_"
+    return [c for c in trials if c.startswith(head) and c[len(head):].split("_")[0] not in FEDSWEEP_PREFIXES
+            and trials[c].notna().any()]
+
+
+def _own_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
+    """Settings × methods: each algorithm's own metrics (its ``round_metrics``) as of the runs' end, mean ±
+    std over the best config's scored runs; None when no method logs any."""
+    cols = own_columns(trials)
+    if not cols:
+        return None
+    settings = best.attrs["settings"]
+    by_run = trials.set_index("run_id")
+    rows = []
+    for _, r in best.iterrows():
+        runs = by_run.loc[[i for i in r["run_ids"] if i in by_run.index]]
+        cells = [_pm(runs[c].mean(), runs[c].std(), 4) if c in runs and runs[c].notna().any() else "—" for c in cols]
+        rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells])
+    return _markdown([*settings, "method", "seeds", *(c[len("summary/final_"):] for c in cols)], rows)

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.config.schema import ConfigError
+from fedsweep.runs.summary import own_metric
 from fedsweep.runs.tracking import check_existing_store
 
 DEFAULT_SETTING_KEYS = ("heterogeneity.rho",)
@@ -165,18 +166,24 @@ SCORE_COLUMNS = {"validation": ("summary/test_accuracy_at_best_val", "rounds_to_
 
 def score_column(split: str, metric: str | None = None) -> str:
     """The column a run is scored by: test accuracy (:data:`SCORE_COLUMNS`), or ``report.metric``'s
-    (a per-client accuracy: its best, or at the round of its validation twin's best; runs/summary.py)."""
+    (a per-client accuracy: its best, or at the round of its validation twin's best; an algorithm's own
+    metric: its value at the run's end, on training data; runs/summary.py)."""
     if not metric:
         return SCORE_COLUMNS[split][0]
     flat = metric.replace("/", "_")
+    if own_metric(metric):
+        return f"summary/final_{flat}"
     return f"summary/{flat}_at_best_val" if split == "validation" else f"summary/best_{flat}"
 
 
 def selection_column(split: str, metric: str | None = None) -> str:
     """The column selection ranks a run by: :data:`SELECTION_COLUMNS`' accuracy, or ``report.metric``'s
-    best on the split that selects (its validation twin's where there is one)."""
+    best on the split that selects (its validation twin's where there is one); an algorithm's own metric's
+    value at the run's end (measured on training data, it is both what selects and what scores)."""
     if not metric:
         return SELECTION_COLUMNS[split][0]
+    if own_metric(metric):
+        return score_column(split, metric)
     kind, _, name = metric.partition("/")
     return f"summary/best_{kind}_val_{name}" if split == "validation" else f"summary/best_{kind}_{name}"
 
@@ -184,14 +191,16 @@ def selection_column(split: str, metric: str | None = None) -> str:
 def _scores(g: pd.DataFrame, split: str, metric: str | None = None) -> dict:
     """A config's numbers over the scored runs ``g`` (one a seed): the reported ones (on test) and
     the ``sel_*`` ones selection ranks by (on ``split``). A diverged run scores accuracy 0 and never
-    reaches the target."""
+    reaches the target; it has no value of an algorithm's own metric (NaN: its config ranks after those with
+    fewer diverged runs, and comparisons pair the seeds where both ran to the end)."""
     ok = g["status"] != "diverged"
     (acc_col, rtt_col), (sel_acc_col, sel_rtt_col) = SCORE_COLUMNS[split], SELECTION_COLUMNS[split]
     acc_col, sel_acc_col = score_column(split, metric), selection_column(split, metric)
-    acc = _col(g, acc_col).where(ok).fillna(0.0)
+    worst = math.nan if metric and own_metric(metric) else 0.0
+    acc = _col(g, acc_col).where(ok).fillna(worst)
     final = _col(g, "summary/final_test_accuracy").where(ok).fillna(0.0)
     rtt = _col(g, rtt_col).where(ok)
-    sel_acc, sel_rtt = _col(g, sel_acc_col).where(ok).fillna(0.0), _col(g, sel_rtt_col).where(ok)
+    sel_acc, sel_rtt = _col(g, sel_acc_col).where(ok).fillna(worst), _col(g, sel_rtt_col).where(ok)
     return {
         "n": len(g),
         "acc_mean": acc.mean(), "acc_std": acc.std(),
@@ -247,24 +256,28 @@ def config_table(trials: pd.DataFrame, setting_keys: Sequence[str] = DEFAULT_SET
     if selection_rule(trials) == "target":
         table["_frac"] = table["sel_reached"] / table["n"].clip(lower=1)
         keys, asc = ["_frac", "sel_rtt_mean", "sel_acc_mean", "config_id"], [False, True, False, True]
+    elif metric and own_metric(metric):   # diverged runs have none: fewest first, then by report.mode
+        keys, asc = ["diverged", "sel_acc_mean", "config_id"], [True, trials.attrs.get("mode") == "min", True]
     else:
         keys, asc = ["sel_acc_mean", "config_id"], [False, True]
     table = table.sort_values(keys, ascending=asc, na_position="last")
     table["rank"] = table.groupby([*settings, "method"], sort=False, dropna=False).cumcount() + 1
     table = table.sort_values(["method", *settings, "rank"], kind="stable")
-    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials), selected_on=split, metric=metric)
+    table.attrs.update(settings=settings, tuned=tuned, rule=selection_rule(trials), selected_on=split, metric=metric,
+                       mode=trials.attrs.get("mode", "max"))
     return table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True)
 
 
 def selected_configs(tracking_uri: str | None, experiment: str, sweep: str,
                      setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
-                     relative_target: float | None = None, metric: str | None = None) -> pd.DataFrame:
+                     relative_target: float | None = None, metric: str | None = None,
+                     mode: str = "max") -> pd.DataFrame:
     """The rank-1 config of each (settings, method) among the sweep's tuning trials, by the rule the
     report's best-config table uses (a confirm stage reruns exactly these): one row each, with its
     ``config_id`` and ``run_ids``. Raises ConfigError where a method has nothing scored to select."""
     from mlflow import MlflowClient
     trials = load_trials(tracking_uri, experiment, sweep)
-    trials.attrs["metric"] = metric
+    trials.attrs.update(metric=metric, mode=mode)
     if relative_target is not None:
         settings_in = [k for k in setting_keys if k in trials.attrs["params"]]
         relative_targets(trials, _Runs(MlflowClient(tracking_uri=trials.attrs["tracking_uri"])), settings_in,

@@ -17,22 +17,25 @@ from fedsweep.reports.plots import (accuracy_curves_png, client_ecdf_png, rounds
                                    search_png, settings_curves_png, weights_figures)
 from fedsweep.reports.stats import Metric, add_intervals, comparison_table, interaction_table, seed_values
 from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _comparisons_table, _interactions_table,
-                                     _markdown, _rounds_table)
+                                     _markdown, _own_table, _rounds_table)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs, best_configs,
                                     config_table, load_trials, relative_targets, score_column)
+from fedsweep.runs.summary import own_metric
 
 
 #: Default equivalence margins (``report.margin``): a difference inside ±margin counts as none.
-MARGINS = {"accuracy": 0.01, "rounds": 2.0}
+MARGINS = {"accuracy": 0.01, "rounds": 2.0, "metric": 0.0}
 
 
 def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float | None,
-                     margin: dict[str, float] | None = None, metric: str | None = None) -> dict[str, Metric]:
+                     margin: dict[str, float] | None = None, metric: str | None = None,
+                     mode: str = "max") -> dict[str, Metric]:
     """What comparisons.csv compares: rounds to target when a target is set (censored where a run never
     reached it; counted only every ``resolution`` rounds), and the accuracy the runs are scored by (with a
     validation split, ``split``, each run's test accuracy at its best validation round); each with its
     equivalence margin (``margin``: ``accuracy``, ``rounds``; :data:`MARGINS` for what it leaves out).
-    ``metric`` (``report.metric``): that per-client accuracy instead, scored as :func:`score_column` says."""
+    ``metric`` (``report.metric``): that per-client accuracy instead, scored as :func:`score_column` says,
+    or an algorithm's own metric, better as ``mode`` says, margin ``metric``."""
     margin = {**MARGINS, **(margin or {})}
     score = score_column(split, metric)
     metrics = {}
@@ -40,7 +43,10 @@ def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float
         metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
                                              censored=True, horizon=max_rounds, margin=margin["rounds"], low=1.0,
                                              high=max_rounds if max_rounds is not None else math.inf)
-    metrics[score] = Metric(score, higher_is_better=True, margin=margin["accuracy"], low=0.0, high=1.0)
+    if metric and own_metric(metric):
+        metrics[score] = Metric(score, higher_is_better=mode == "max", margin=margin["metric"])
+    else:
+        metrics[score] = Metric(score, higher_is_better=True, margin=margin["accuracy"], low=0.0, high=1.0)
     return metrics
 
 
@@ -118,7 +124,8 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
                  setting_keys: Sequence[str] = DEFAULT_SETTING_KEYS, reference: str | None = None,
                  relative_target: float | None = None, resolution: float | None = None,
                  margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
-                 order: Sequence[int] | None = None, metric: str | None = None) -> SimpleNamespace:
+                 order: Sequence[int] | None = None, metric: str | None = None,
+                 mode: str = "max") -> SimpleNamespace:
     """What the report's numbers come from, read from the sweep's MLflow runs: ``trials``, ``configs``,
     ``best`` (with its intervals), the per-seed ``values`` and the ``comparisons`` (with ``looks`` and
     ``order``, a sequential confirm stage's: :func:`fedsweep.reports.stats.comparison_table`), and
@@ -126,7 +133,8 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     stage's driver reads its open comparisons here, by the report's own rules."""
     from mlflow import MlflowClient
     trials = load_trials(tracking_uri, experiment, sweep)
-    trials.attrs["metric"] = metric       # report.metric: what configs are selected, scored and compared by
+    trials.attrs.update(metric=metric, mode=mode)    # report.metric, report.mode: what configs are selected,
+    #                                                  scored and compared by, and which way is better
     if not trials["status"].isin(SCORED).any():
         counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
         errors = trials.loc[trials["error"] != "", "error"]
@@ -153,14 +161,15 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     max_rounds = float(_col(trials, "summary/rounds").max()) if "summary/rounds" in trials else None
     reference = reference if reference in set(best["method"]) else None
     resolution = resolution or 1.0
-    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin, metric)
+    metrics = compared_metrics(configs.attrs["selected_on"], rule, resolution, max_rounds, margin, metric, mode)
     score = score_column(configs.attrs["selected_on"], metric)   # what runs are scored by: selection did not look at it
     shown = [score, "summary/final_test_accuracy", "rounds_to_target"]     # the tables' means
     # per seed, from the runs of the selected configs that `best` names in run_ids (other runs of the
     # same configs, fresh seeds, would be another column of `best`: seed_values' runs_column)
     values = seed_values(best, trials, list(dict.fromkeys([*(m.column for m in metrics.values()), *shown])))
     top = max_rounds if max_rounds is not None else math.inf
-    best = add_intervals(best, values, {"acc": (score, 0.0, 1.0), "final": ("summary/final_test_accuracy", 0.0, 1.0),
+    span = (-math.inf, math.inf) if metric and own_metric(metric) else (0.0, 1.0)
+    best = add_intervals(best, values, {"acc": (score, *span), "final": ("summary/final_test_accuracy", 0.0, 1.0),
                                         "rtt": ("rounds_to_target", 1.0, top)})
     comparisons = comparison_table(values, reference, metrics, looks, order)
     interactions = interaction_table(values, reference, metrics) if len(configs.attrs["settings"]) == 1 else None
@@ -174,7 +183,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 relative_target: float | None = None, sampled_keys: Sequence[str] = (),
                 random_first: int | None = None, resolution: float | None = None, to_parent: bool = True,
                 quiet: bool = False, margin: dict[str, float] | None = None, looks: Sequence[int] | None = None,
-                order: Sequence[int] | None = None, metric: str | None = None) -> ReportResult:
+                order: Sequence[int] | None = None, metric: str | None = None, mode: str = "max") -> ReportResult:
     """Write ``report.md``, ``accuracy_curves.png``, ``rounds_to_target.png``, ``trials.csv``,
     ``comparisons.csv`` (each method against ``reference``: :mod:`fedsweep.reports.stats`), when a
     setting takes several values ``settings_curves.png``, for runs evaluated per client
@@ -190,7 +199,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     a store that refuses it costs one line on stderr, not the report); ``quiet``: without the line
     saying it was logged there. ``margin``: equivalence margins (``report.margin``); ``looks``, ``order``:
     a sequential confirm stage's looks and seeds (:func:`fedsweep.sweep.confirm.looks`); ``metric``: what
-    configs are selected, scored and compared by (``report.metric``), default test accuracy. Returns the path
+    configs are selected, scored and compared by (``report.metric``), default test accuracy, and ``mode``
+    (``report.mode``) whether a larger one is better. Returns the path
     of ``report.md`` and the tables (:class:`ReportResult`)."""
     from mlflow import MlflowClient  # noqa: F401  (MLflow's import counts in the start-up, ended below)
 
@@ -198,7 +208,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     from fedsweep.util.startup import end_startup
     end_startup()   # `fedsweep report`: its imports are done
     t = sweep_tables(tracking_uri, experiment, sweep, setting_keys, reference, relative_target, resolution, margin,
-                     looks, order, metric)
+                     looks, order, metric, mode)
     trials, runs, configs, best, comparisons = t.trials, t.runs, t.configs, t.best, t.comparisons
     reference, resolution, target, thresholds, max_rounds = t.reference, t.resolution, t.target, t.thresholds, t.max_rounds
     settings, tuned, rule = configs.attrs["settings"], configs.attrs["tuned"], configs.attrs["rule"]
@@ -238,6 +248,10 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                 if thresholds is not None else f"{target:g}")
         rule_text = (f"fewest mean rounds to the target accuracy {what} (configs where every seed reached it "
                      "first, then by the fraction of seeds that did; ties broken by best accuracy)")
+    elif rule == "metric" and own_metric(metric):
+        rule_text = (f"{'lowest' if mode == 'min' else 'highest'} mean over seeds of `{metric}` (`report.metric`, "
+                     "the algorithm's own, on training data: each run's value at its end; configs with diverged "
+                     "runs after the others)")
     elif rule == "metric":
         rule_text = (f"best mean over seeds of `{metric}` (`report.metric`: each run's best, or with a validation "
                      "split its value at the round of its validation twin's best)")
@@ -290,6 +304,13 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                   "not the numbers the configs were selected or compared by.", "", clients_table, ""]
         if ecdf is not None:
             lines += ["![each client's test accuracy](client_accuracy.png)", ""]
+    own_table = _own_table(best, trials)
+    if own_table is not None:
+        lines += ["## The methods' own metrics", "",
+                  "What each algorithm's `round_metrics` logs (declared in its `metrics`), as of the last round that "
+                  "logged it, mean ± std over the best config's runs (trials.csv: `summary/final_<metric>`, `/` "
+                  "written `_`). Measured on training data; descriptive unless `report.metric` names one.", "",
+                  own_table, ""]
     lines += _comparison_lines(comparisons, reference, resolution)
     if interactions is not None:
         lines += _interaction_lines(interactions, settings[0])
@@ -364,7 +385,11 @@ def _splits_text(split: str, best: pd.DataFrame, trials: pd.DataFrame) -> str:
     if not tuning["status"].isin(["finished", "stopped"]).any():
         return "nothing was selected: every tuning run diverged or failed, so none has a result to select by"
     metric = best.attrs.get("metric")
-    if split == "validation" and metric:
+    if metric and own_metric(metric):
+        chose = (f"selected and scored by `{metric}`, the algorithm's own metric on training data (each run's "
+                 "value at its end): no test data enters selection" + ("; the test numbers beside it come from "
+                 "the same runs" if split == "validation" else ""))
+    elif split == "validation" and metric:
         kind, _, name = metric.partition("/")
         chose = (f"selected on the validation split (the best `{kind}/val_{name}` over the evaluations); scored "
                  f"on the test split, each run's `{metric}` at its round of best `{kind}/val_{name}`")

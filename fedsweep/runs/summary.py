@@ -88,18 +88,28 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
     }
 
 
-#: What every round's metrics row holds (runs/module.py); an algorithm's ``round_metrics`` add others.
-ROUND_KEYS = frozenset({"round", "train/loss", "round/seconds", "round/lr", "comm/up_models", "comm/down_models",
-                        "compute/grad_evals", "stragglers/fraction", "server/lr"})
+#: The prefixes of fedsweep's own metric names; any other ``<prefix>/<name>`` is an algorithm's own: what
+#: its ``round_metrics`` logs each round, declared in ``Algorithm.metrics`` (q-FFL's ``qffl/mean_Fq``).
+FEDSWEEP_PREFIXES = frozenset({"test", "val", "best", "train", "round", "comm", "compute", "stragglers", "server",
+                               "summary", "clients", "finetuned", "personal", "served"})
+
+
+def own_metric(name: str) -> bool:
+    """Whether ``name`` is an algorithm's own metric (:data:`FEDSWEEP_PREFIXES`): measured on training
+    data, as of the latest round that logged it, so selection may read it with or without a validation split."""
+    prefix, slash, rest = name.partition("/")
+    return bool(slash and prefix and rest) and prefix not in FEDSWEEP_PREFIXES
 
 
 def own_summary(history: list[dict]) -> dict:
-    """The last round's value of each metric an algorithm's ``round_metrics`` logs (and ``server/loss``),
-    as ``final_<metric>`` (``qffl/mean_Fq`` -> ``final_qffl_mean_Fq``): what a run's own metrics end at,
-    in the summary (MLflow's ``summary/*``, trials.csv, ``fedsweep.tune``'s table)."""
-    last = history[-1] if history else {}
-    return {f"final_{k.replace('/', '_')}": v for k, v in last.items()
-            if k not in ROUND_KEYS and k.partition("/")[0] not in ("test", "val", *CLIENT_KINDS)}
+    """The latest value of each metric an algorithm's ``round_metrics`` logs (:func:`own_metric`; a round
+    may log none, as q-FFL's where no client returned) and of ``server/loss``, as ``final_<metric>``
+    (``qffl/mean_Fq`` -> ``final_qffl_mean_Fq``): what a run's own metrics end at, in the summary (MLflow's
+    ``summary/*``, trials.csv, ``fedsweep.tune``'s table), and what ``report.metric`` scores by."""
+    out = {}
+    for row in history:
+        out.update({f"final_{k.replace('/', '_')}": v for k, v in row.items() if k == "server/loss" or own_metric(k)})
+    return out
 
 
 def client_summary(evals: list[dict]) -> dict:

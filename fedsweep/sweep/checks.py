@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.sweep.spec import ON_VALIDATION, SweepConfig, Trial
+from fedsweep.sweep.spec import ON_VALIDATION, SweepConfig, Trial, own_metric
 
 
 def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
     """What ASHA and optuna select trials by reads the validation split where the trials have one:
     a metric left at its default becomes its validation twin (:data:`ON_VALIDATION`), and a test metric
     given is refused, as is a validation metric for trials without that split, and ASHA or optuna over
-    trials some of which have a validation split and some not (they compare trials on one metric)."""
+    trials some of which have a validation split and some not (they compare trials on one metric). An
+    algorithm's own metric (``qffl/mean_Fq``) is measured on training data: read as it is, on any split."""
     readers = [("scheduler.metric", sweep.scheduler)] if sweep.scheduler is not None else []
     if sweep.search is not None and sweep.search.searcher == "optuna":
         readers.append(("search.metric", sweep.search))
@@ -26,7 +27,9 @@ def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = 
     validation = has == {True}
     for key, holder in readers:
         given = "metric" in holder.model_fields_set
-        if validation and holder.metric in ON_VALIDATION:
+        if own_metric(holder.metric):
+            pass
+        elif validation and holder.metric in ON_VALIDATION:
             if given:
                 raise ConfigError(f"{source}: {key}: {holder.metric!r} reads the test split, which only scores runs; "
                                   f"with a validation split selection reads {ON_VALIDATION[holder.metric]!r}")
@@ -40,11 +43,20 @@ def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = 
 def check_client_metric(key: str, metric: str, trials: list[Trial], source: str) -> None:
     """A per-client metric (``<model>/accuracy_<stat>``) is reported only by trials that evaluate per
     client (``eval.clients``), fine-tuned ones only with ``eval.finetune_steps``, personal ones only by
-    algorithms with personal models: refused, naming the first trial that would never report it."""
+    algorithms with personal models; an algorithm's own metric only by trials whose algorithm declares it
+    (``Algorithm.metrics``): refused, naming the first trial that would never report it."""
     from fedsweep.algorithms import get_algorithm_class
     from fedsweep.algorithms.base import Algorithm
     from fedsweep.runs.summary import CLIENT_KINDS
     kind = metric.partition("/")[0]
+    if own_metric(metric):
+        for t in trials:
+            declared = get_algorithm_class(t.config.algorithm.name).metrics
+            if metric not in declared:
+                raise ConfigError(f"{source}: {key}: {metric!r} is not a metric algorithm {t.config.algorithm.name!r} "
+                                  f"declares (its `metrics`: {', '.join(declared) or 'none'}), so trial {t.method} "
+                                  f"{t.config_id} would never report it; every trial's algorithm must log it")
+        return
     if kind not in CLIENT_KINDS:
         return
     for t in trials:
@@ -75,12 +87,19 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
     if sweep.report.relative_target is not None and reference_method(sweep, methods) is None:
         raise ConfigError(f"{source}: report.relative_target needs report.reference (one of: {', '.join(methods)})")
     metric = sweep.report.metric
+    if metric is None and sweep.report.mode == "min":
+        raise ConfigError(f"{source}: report.mode: min needs report.metric (an algorithm's own metric where a lower "
+                          "value is better); unset, configs are ranked by test accuracy, higher better")
     if metric is not None:
         from fedsweep.sweep.spec import REPORT_METRICS
-        if metric not in REPORT_METRICS:
+        if metric not in REPORT_METRICS and not own_metric(metric):
             raise ConfigError(f"{source}: report.metric: {metric!r} is not a metric configs can be scored by; allowed: "
                               "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min> (e.g. "
-                              "clients/accuracy_p10), or unset for test accuracy")
+                              "clients/accuracy_p10), an algorithm's own metric (its `metrics`, e.g. qffl/mean_Fq), "
+                              "or unset for test accuracy")
+        if metric in REPORT_METRICS and sweep.report.mode == "min":
+            raise ConfigError(f"{source}: report.mode: min would rank a lower {metric} better; allowed for a "
+                              "per-client accuracy: max (the default)")
         if sweep.report.relative_target is not None:
             raise ConfigError(f"{source}: report.relative_target counts rounds to a share of test accuracy, and "
                               f"report.metric {metric!r} scores configs by another metric; unset one of them")

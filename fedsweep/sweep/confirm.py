@@ -90,7 +90,7 @@ def plan_confirm(sweep: SweepConfig, payloads: list[dict], uri: str, experiment:
     from fedsweep.sweep.checks import reference_method
     chosen = selected_configs(uri, experiment, sweep.name, sweep.report.settings,
                               reference_method(sweep, (p["method"] for p in payloads)), sweep.report.relative_target,
-                              sweep.report.metric)
+                              sweep.report.metric, sweep.report.mode)
     by_config = {p["config_id"]: p for p in payloads}
     planned, seen = [], set()
     for _, row in chosen.iterrows():
@@ -116,7 +116,8 @@ def plan_look(sweep: SweepConfig, payloads: list[dict], uri: str, experiment: st
     plan, order = looks(sweep), seed_order(sweep)
     reference = reference_method(sweep, (p["method"] for p in payloads))
     t = sweep_tables(uri, experiment, sweep.name, sweep.report.settings, reference, sweep.report.relative_target,
-                     resolution, sweep.report.margin.model_dump(), plan, order, sweep.report.metric)
+                     resolution, sweep.report.margin.model_dump(), plan, order, sweep.report.metric,
+                     sweep.report.mode)
     open_rows = t.comparisons[t.comparisons["stop_reason"] == "open"]
     config_of = {_key(r, t.best.attrs["settings"]): r["config_id"] for _, r in t.best.iterrows()}
     wanted = list(dict.fromkeys(config_of[(r["setting"], who)] for _, r in open_rows.iterrows()

@@ -49,7 +49,8 @@ class SearchConfig(BaseModel):
         "(`data.validation_fraction`), their validation twins val/accuracy, val/loss, best/val_accuracy, "
         "val_rounds_to_target: there the default becomes best/val_accuracy and a test metric is refused; with "
         "`eval.clients`, per-client evaluation's `<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std>` "
-        "and their twins `<model>/val_accuracy_<stat>` (docs/run.md, Per-client evaluation).")
+        "and their twins `<model>/val_accuracy_<stat>` (docs/run.md, Per-client evaluation); or an algorithm's "
+        "own metric, declared in every trial's algorithm's `metrics` (`qffl/mean_Fq`, with `mode: min`).")
     mode: Literal["max", "min"] = Field("max", description="`optuna`: whether a larger `metric` is better.")
     random_first: int | None = Field(
         None, ge=1, description="`optuna`: configs of each study drawn at random before TPE models the results "

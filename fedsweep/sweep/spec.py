@@ -21,6 +21,7 @@ from fedsweep.config.names import short
 from fedsweep.config.plugins import load_plugins
 from fedsweep.config.schema import (ConfigError, RunConfig, copy_tree, format_validation_error, load_yaml,
                                     register_models, set_dotted, with_plugins)
+from fedsweep.runs.summary import own_metric
 from fedsweep.sweep.keys import build_config_of, check_keys, key_places, method_names
 from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
 
@@ -43,7 +44,12 @@ REPORT_METRICS = tuple(m for m in CLIENT_TEST_METRICS if not m.endswith("_std"))
 #: The metrics trials report, as an error line lists them.
 METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", <clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std> "
                 "(eval.clients), and on a validation split " + ", ".join(VAL_METRICS[:4]) +
-                ", <model>/val_accuracy_<stat>")
+                ", <model>/val_accuracy_<stat>; an algorithm's own metrics (its `metrics`, e.g. qffl/mean_Fq)")
+def reported(metric: str) -> bool:
+    """Whether trials report ``metric`` to Tune (so ASHA and optuna may read it)."""
+    return metric in TUNE_METRICS or own_metric(metric)
+
+
 #: Each test metric's validation twin: what selection reads once the trials have a validation split.
 ON_VALIDATION = {"test/accuracy": "val/accuracy", "test/loss": "val/loss", "best/test_accuracy": "best/val_accuracy",
                  "rounds_to_target": "val_rounds_to_target", **dict(zip(CLIENT_TEST_METRICS, CLIENT_VAL_METRICS))}
@@ -61,7 +67,8 @@ class SchedulerConfig(_Strict):
                         "their validation twins " + ", ".join(VAL_METRICS[:4]) + ", `<model>/val_accuracy_<stat>`. "
                         "Where the trials have a validation split "
                         "(`data.validation_fraction`) selection reads it: the default becomes val/accuracy, and a "
-                        "test metric is refused (test only scores).")
+                        "test metric is refused (test only scores). Or an algorithm's own metric, which every "
+                        "trial's algorithm declares in its `metrics` (q-FFL's `qffl/mean_Fq`, with `mode: min`).")
     mode: Literal["max", "min"] = Field("max", description="Whether larger `metric` is better.")
     grace_period: int = Field(10, ge=1, description="Rounds before a trial may be stopped: ASHA's first rung "
                               "(the others at grace_period × η^k, up to the most rounds of any trial).")
@@ -84,6 +91,8 @@ class MarginConfig(_Strict):
                             "point); 0: `equivalent` never called.")
     rounds: float = Field(2.0, ge=0, description="Rounds-to-target differences inside ±this many rounds are none; "
                           "0: `equivalent` never called.")
+    metric: float = Field(0.0, ge=0, description="Differences of an algorithm's own `report.metric` inside ±this "
+                          "are none; 0 (the default: fedsweep cannot know its scale): `equivalent` never called.")
 
 
 class ReportConfig(_Strict):
@@ -104,7 +113,13 @@ class ReportConfig(_Strict):
         "accuracy_<mean|weighted|p10|min>`, e.g. `served/accuracy_p10` for the worst 10% of clients under "
         "the model each is served (its personal one where the method has them, else the global one). Each run's is its best over the evaluations, or with a validation split the "
         "metric at the round of its validation twin's best (`personal/val_accuracy_p10`), which selection "
-        "reads; verdicts compare it paired by seed, margin `report.margin.accuracy`. Unset: test accuracy.")
+        "reads; verdicts compare it paired by seed, margin `report.margin.accuracy`. Or an algorithm's own metric "
+        "(what its `round_metrics` logs and its `metrics` declares, e.g. `qffl/mean_Fq`; every trial's algorithm "
+        "must declare it): each run's value at its last round, measured on training data, so selection and scoring "
+        "both read it; margin `report.margin.metric`, direction `report.mode`. Unset: test accuracy.")
+    mode: Literal["max", "min"] = Field(
+        "max", description="Whether a larger `report.metric` is better: `min` for a loss-like metric of an "
+        "algorithm's own (`qffl/mean_Fq`); per-client accuracies are always `max`.")
     margin: MarginConfig = Field(
         default_factory=lambda: MarginConfig(), description="Equivalence margins: a comparison whose adjusted "
         "interval lies inside ±margin reads `equivalent` (docs/sweeps.md, Intervals and verdicts).")
@@ -323,7 +338,7 @@ def load_sweep(path: str | Path | dict) -> SweepConfig:
     if sweep.pack not in (None, 1) and sweep.scheduler is not None:
         raise ConfigError(f"{path}: pack: a scheduler stops trials one by one, and a packed trial trains several "
                           f"configs in one process; remove `scheduler` or `pack`")
-    if sweep.scheduler is not None and sweep.scheduler.metric not in TUNE_METRICS:
+    if sweep.scheduler is not None and not reported(sweep.scheduler.metric):
         # Ray would only refuse it in every trial, after the sweep has started
         raise ConfigError(f"{path}: scheduler.metric: {sweep.scheduler.metric!r} is not a metric trials report; "
                           f"allowed: {METRICS_TEXT}")
@@ -343,7 +358,7 @@ def _check_searcher(sweep: SweepConfig, path) -> None:
             raise ConfigError(f"{path}: search.{given[0]}: only `searcher: optuna` learns from results; "
                               "`random` draws every config before any trial runs (remove it, or use optuna)")
         return
-    if search.metric not in TUNE_METRICS:
+    if not reported(search.metric):
         raise ConfigError(f"{path}: search.metric: {search.metric!r} is not a metric trials report; "
                           f"allowed: {METRICS_TEXT}")
     if search.metric in ("rounds_to_target", "val_rounds_to_target") and \

@@ -87,19 +87,30 @@ def headline(members: list, split: str) -> dict:
     """What a report says of a unit on one split (``test``, or ``val`` for members with a validation
     split): ``<split>/accuracy`` and ``<split>/loss`` of the last evaluation and ``best/<split>_accuracy``
     of the member whose best is highest (a pack's best member), and the first evaluated round at
-    ``eval.target_accuracy`` of any member (``rounds_to_target``, ``val_rounds_to_target``), else rounds + 1."""
+    ``eval.target_accuracy`` of any member (``rounds_to_target``, ``val_rounds_to_target``), else rounds + 1;
+    and that member's algorithm's own metrics as of the latest round that logged them (``qffl/mean_Fq``)."""
     from fedsweep.runs.run import first_at_target
     acc = f"{split}/accuracy"
     latest, hits = [], []
     for m in members:
         evals = [h for h in m.history if acc in h]
-        latest.append((evals[-1] if evals else None, max((h[acc] for h in evals), default=0.0)))
+        latest.append((evals[-1] if evals else None, max((h[acc] for h in evals), default=0.0), m))
         hit = first_at_target(evals, m.cfg.eval.target_accuracy, acc)   # not reached (yet): rounds + 1
         hits.append(hit["round"] if hit else m.cfg.rounds + 1)
-    last, best = max(latest, key=lambda e: e[1])
+    last, best, member = max(latest, key=lambda e: e[1])
     to_target = "rounds_to_target" if split == "test" else "val_rounds_to_target"
     return {acc: last[acc] if last else 0.0, f"{split}/loss": last[f"{split}/loss"] if last else math.inf,
-            f"best/{split}_accuracy": best, to_target: min(hits), **client_metrics(last or {}, split)}
+            f"best/{split}_accuracy": best, to_target: min(hits), **client_metrics(last or {}, split),
+            **own_metrics(member.history)}
+
+
+def own_metrics(history: list[dict]) -> dict:
+    """An algorithm's own metrics (``Algorithm.metrics``), each as of the latest round that logged it."""
+    from fedsweep.runs.summary import own_metric
+    out = {}
+    for row in history:
+        out.update({k: v for k, v in row.items() if own_metric(k)})
+    return out
 
 
 def client_metrics(row: dict, split: str) -> dict:
