@@ -154,6 +154,8 @@ class _Checker:
             for hook in ("communication", "compute"):
                 self.check(f"{hook} counts clients that returned", hook, lambda h=hook: self.accounting(h))
             self.check("round_metrics logs what metrics declares", "round_metrics", self.declared_metrics)
+            if self.cls.personal_models is not Algorithm.personal_models:
+                self.check("personal_models: one model a client, state unchanged", "personal_models", self.personal)
         finally:
             torch.set_num_threads(threads)
             if self.twin != self.name:
@@ -326,6 +328,35 @@ class _Checker:
             if differ:
                 raise _Broken(f"aggregate: {what} ({', '.join(map(repr, differ))}) depends on the uploads of clients "
                               "that dropped out; leave their part as it was (torch.where on plan.participated)")
+
+    def personal(self) -> None:
+        """``personal_models`` of every client (those that took part and those that never did): (N, n), finite,
+        the same twice, in the state's dtype and device, and the algorithm's state unchanged by the call
+        (evaluation runs between rounds: it must only read)."""
+        module = self.run("loop")
+        algo = module.algorithm
+        w = module.w.detach()
+        n, N = w.numel(), algo.ctx.num_clients
+        ids = torch.arange(N, device=w.device)
+        before = copy.deepcopy(algo.state_dict())
+        W = algo.personal_models(w.clone(), ids)
+        if W is None:
+            return
+        if not isinstance(W, torch.Tensor) or W.shape != (N, n) or W.dtype != w.dtype:
+            got = f"shape {tuple(W.shape)}, {W.dtype}" if isinstance(W, torch.Tensor) else type(W).__name__
+            raise _Broken(f"personal_models: for {N} clients returned {got}; return ({N}, {n}) {w.dtype}: one flat "
+                          "model a client, in the order of the ids given (None: the algorithm has none)")
+        if not bool(torch.isfinite(W).all()):
+            raise _Broken("personal_models: returned non-finite values; a client without a personal model yet is "
+                          "served the global model w")
+        again = algo.personal_models(w.clone(), ids.flip(0))
+        if again is None or not torch.equal(again.flip(0), W):
+            raise _Broken("personal_models: the clients' models depend on the order or the number of calls; return "
+                          "each client's own model for the ids given")
+        changed = sorted(k for k in set(before) | set(algo.state_dict()) if not _same(before.get(k), algo.state_dict().get(k)))
+        if changed:
+            raise _Broken(f"personal_models: changed the algorithm's state ({', '.join(map(repr, changed))}); it is "
+                          "called between rounds to evaluate and must only read")
 
     def declared_metrics(self) -> None:
         """Every name in ``metrics`` is logged by ``round_metrics`` in the tiny run (a sweep may select on

@@ -93,6 +93,11 @@ BROKEN = {
         def round_metrics(self, plan):
             return {"test/spread": 1.0}
         ''', "round_metrics", "logs 'test/spread', not of the form <prefix>/<name>"),
+    # one personal model for all clients: per-client evaluation would score the wrong rows
+    "one_personal": ('''
+        def personal_models(self, w, clients):
+            return w.unsqueeze(0)
+        ''', "personal_models", "returned shape (1, "),
 }
 
 
