@@ -12,7 +12,6 @@ mocked. A failed check says in one line which hook is wrong and what to do.
 from __future__ import annotations
 
 import copy
-import io
 import math
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Callable
 from fedsweep.algorithms.base import Algorithm
 from fedsweep.config.registry import ALGORITHMS, get_algorithm_class, register_algorithm
 from fedsweep.config.schema import build_config
+from fedsweep.util.compare import checkpoints_keep, garbage, gap, same, timeless
 from fedsweep.util.errors import ConfigError
 from fedsweep.util.lazy import torch
 
@@ -38,7 +38,8 @@ HOOKS = frozenset(n for n, v in vars(Algorithm).items() if callable(v) and not n
 
 
 def tiny_config(name: str, params: dict | None = None, heterogeneity: dict | None = None) -> dict:
-    """The raw config the checks train: digits, 8 clients, an MLP of 8 hidden units, 4 rounds, ~20 ms a run."""
+    """The raw config the checks train: digits, 8 clients, an MLP of 8 hidden units, 4 rounds, ~20 ms a run;
+    with BatchNorm for an algorithm that keeps each client's buffers (``local_buffers``: FedBN)."""
     raw = {"seed": 3, "rounds": ROUNDS, "clients_per_round": 4, "device": "cpu",
            "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes", "classes_per_client": 2}},
            "model": {"name": "mlp", "options": {"hidden": 8}}, "local": {"steps": 3, "batch_size": 5, "lr": 0.1},
@@ -46,6 +47,8 @@ def tiny_config(name: str, params: dict | None = None, heterogeneity: dict | Non
            "eval": {"every": RESUME_AFTER}, "mlflow": {"enabled": False}}
     if get_algorithm_class(name).needs_server_data:
         raw["server_data"] = {"fraction": 0.05}
+    if get_algorithm_class(name).local_buffers:
+        raw["model"]["options"]["batchnorm"] = True
     return raw
 
 
@@ -129,20 +132,25 @@ class _Checker:
         build_config(tiny_config(self.name, self.params))   # bad parameters: one ConfigError, nothing run
         from fedsweep.runs import module  # noqa: F401  (Lightning's import, seconds: not the first check's time)
         clients, state = self.cls.uses_clients, "state_dict/load_state_dict"
-        if self.cls.rowwise and clients:   # the same class with rowwise off: its client code under vmap
+        # a local_buffers algorithm trains a BatchNorm model, which the vectorized engine does not run:
+        # its checks are the loop engine's (its client code is then never vmapped)
+        self.vmapped = clients and not self.cls.local_buffers
+        if self.cls.rowwise and self.vmapped:   # the same class with rowwise off: its client code under vmap
             self.twin = f"{self.name}_check_vmapped"
             register_algorithm(type(f"{self.cls.__name__}Vmapped", (self.cls,),
                                     {"name": self.twin, "rowwise": False, "__module__": __name__}))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)   # tiny tensors gain nothing from more; on busy shared cores 2 spinning threads cost 10x
         try:
-            if clients:
+            if self.vmapped:
                 self.check("client code runs under torch.func.vmap", CLIENT_HOOKS, lambda: self.run("vectorized vmapped"))
             self.check("same seed, same numbers (each engine)", "every hook", self.same_seed)
-            if clients and self.cls.rowwise:
+            if self.vmapped and self.cls.rowwise:
                 self.check("rowwise declared only where true", "rowwise", self.rowwise_holds, compares=True)
-            self.check("engines agree (loop and vectorized)", CLIENT_HOOKS, lambda: self.engines_agree(""), True)
-            self.check("engines agree with dropped clients", CLIENT_HOOKS, lambda: self.engines_agree(" dropout"), True)
+            if self.vmapped or not clients:
+                self.check("engines agree (loop and vectorized)", CLIENT_HOOKS, lambda: self.engines_agree(""), True)
+                self.check("engines agree with dropped clients", CLIENT_HOOKS, lambda: self.engines_agree(" dropout"),
+                           True)
             self.check("state_dict round trip (torch.save, weights_only load)", state, self.state_round_trip)
             self.check("exact resume from a checkpoint", state, self.exact_resume, compares=True)
             if clients:
@@ -232,7 +240,7 @@ class _Checker:
                           f"({type(e).__name__}: {_first_line(e)}){at}; {fix}", "rowwise") from None
         if not torch.allclose(rows.w, vmapped.w, **ROWS_AGREE):
             raise _Broken(f"rowwise: declared True, but client_step/client_final on the stacked clients differ from "
-                          f"each client alone (under vmap) by {_gap(rows.w, vmapped.w):.3g} in the final model; {fix}")
+                          f"each client alone (under vmap) by {gap(rows.w, vmapped.w):.3g} in the final model; {fix}")
 
     def engines_agree(self, setting: str) -> None:
         loop, vec = self.run("loop" + setting), self.run("vectorized" + setting)
@@ -242,10 +250,10 @@ class _Checker:
         if not torch.allclose(vec.w, loop.w, **ENGINES_AGREE):
             if self.twin != self.name and torch.allclose(self.run("vectorized vmapped" + setting).w, loop.w,
                                                          **ENGINES_AGREE):   # under vmap the same code agrees
-                raise _Broken(f"rowwise: the vectorized engine ends {_gap(vec.w, loop.w):.3g} from the loop engine "
+                raise _Broken(f"rowwise: the vectorized engine ends {gap(vec.w, loop.w):.3g} from the loop engine "
                               f"(final model, {what}) on its row-wise path alone: the same client code under vmap "
                               "agrees with the loop (see rowwise above)", "rowwise")
-            raise _Broken(f"{CLIENT_HOOKS}: the loop and vectorized engines end {_gap(vec.w, loop.w):.3g} apart "
+            raise _Broken(f"{CLIENT_HOOKS}: the loop and vectorized engines end {gap(vec.w, loop.w):.3g} apart "
                           f"(final model, {what}; allowed: rtol 1e-4, atol 1e-5); {advice}")
         for a, b in zip(loop.history, vec.history):
             x, y = a["train/loss"], b["train/loss"]
@@ -254,12 +262,13 @@ class _Checker:
                               f"{y:.6g} on the vectorized one ({what}); {advice}")
 
     def same_seed(self) -> None:
-        for engine in ("loop", "vectorized vmapped"):   # vmapped: the row-wise path is the rowwise check's
+        for engine in ("loop", "vectorized vmapped")[:2 if self.vmapped or not self.cls.uses_clients else 1]:
+            # vmapped: the row-wise path is the rowwise check's
             first, second = self.run(engine), self.run(engine + " again")
-            if not torch.equal(first.w, second.w) or not _same(_timeless(first.history), _timeless(second.history)):
+            if not torch.equal(first.w, second.w) or not same(timeless(first.history), timeless(second.history)):
                 self.reproducible = False
                 raise _Broken(f"every hook: the same config and seed, trained twice on the {engine.split()[0]} engine, end "
-                              f"{_gap(first.w, second.w):.3g} apart (model or metrics); draw random numbers only from "
+                              f"{gap(first.w, second.w):.3g} apart (model or metrics); draw random numbers only from "
                               "fedsweep.sim.rng.generator(seed, round, purpose), never from a global generator")
 
     def state_round_trip(self) -> None:
@@ -268,13 +277,13 @@ class _Checker:
         if not isinstance(state, dict):
             raise _Broken(f"state_dict: returned a {type(state).__name__}; return a dict (checkpoints keep it)")
         for key, value in state.items():
-            if not _checkpoints_keep(value):
+            if not checkpoints_keep(value):
                 raise _Broken(f"state_dict: state_dict()[{key!r}] is a {type(value).__name__}, which checkpoints "
                               "(torch.save, torch.load(weights_only=True)) do not keep; hold tensors and plain data")
         fresh = self.cls(algo.params, algo.ctx)
         fresh.load_state_dict(copy.deepcopy(state))
         again = fresh.state_dict()
-        differ = sorted(k for k in set(state) | set(again) if not _same(state.get(k), again.get(k)))
+        differ = sorted(k for k in set(state) | set(again) if not same(state.get(k), again.get(k)))
         if differ:
             raise _Broken(f"state_dict/load_state_dict: a fresh instance given load_state_dict(state_dict()) gives "
                           f"back another state_dict ({', '.join(map(repr, differ))}); restore every entry it holds")
@@ -286,14 +295,14 @@ class _Checker:
         with tempfile.TemporaryDirectory() as folder:
             stopped = train(cfg, progress=False, ckpt_dir=folder, max_rounds=RESUME_AFTER)
             resumed = train(cfg, progress=False, resume=Path(folder) / "last.ckpt")
-        if torch.equal(resumed.w, full.w) and _same(_timeless(resumed.history), _timeless(full.history)):
+        if torch.equal(resumed.w, full.w) and same(timeless(resumed.history), timeless(full.history)):
             return
         fresh = self.cls(stopped.algorithm.params, stopped.algorithm.ctx)
         fresh.load_state_dict(copy.deepcopy(stopped.algorithm.state_dict()))
         lost = [k for k, v in vars(stopped.algorithm).items() if not k.startswith("_")
-                and isinstance(v, (torch.Tensor, int, float)) and not _same(v, getattr(fresh, k, None))]
+                and isinstance(v, (torch.Tensor, int, float)) and not same(v, getattr(fresh, k, None))]
         hint = f" (not restored: {', '.join('self.' + k for k in lost)})" if lost else ""
-        apart = f"{_gap(resumed.w, full.w):.3g} away from" if not torch.equal(resumed.w, full.w) else "with other metrics than"
+        apart = f"{gap(resumed.w, full.w):.3g} away from" if not torch.equal(resumed.w, full.w) else "with other metrics than"
         raise _Broken(f"state_dict/load_state_dict: a run resumed from its checkpoint after round {RESUME_AFTER} ends "
                       f"{apart} the uninterrupted run (it must be bit for bit){hint}; "
                       "keep everything that persists across rounds in state_dict and restore it in load_state_dict")
@@ -318,13 +327,13 @@ class _Checker:
             raise _Broken(f"aggregate: in a round where every sampled client dropped out it returns {u.dtype} of shape "
                           f"{tuple(u.shape)} (NaN or inf: {not bool(torch.isfinite(u).all())}); return a finite update "
                           "of the model's shape (zeros: nothing to average)")
-        u_junk, state_junk, metrics_junk = self.aggregated(work.plan, _garbage(uploads, work.plan.dropped))
+        u_junk, state_junk, metrics_junk = self.aggregated(work.plan, garbage(uploads, work.plan.dropped, GARBAGE))
         if not torch.allclose(u_junk, u, rtol=1e-5, atol=1e-6):
             raise _Broken("aggregate: the update depends on the uploads of clients that dropped out "
-                          f"({'all' if every else 'some'} did): garbage in their rows moved it by {_gap(u_junk, u):.3g}; "
+                          f"({'all' if every else 'some'} did): garbage in their rows moved it by {gap(u_junk, u):.3g}; "
                           "weight them 0 (self.weights(plan) does) or leave them out with torch.where on plan.participated")
         for what, before, after in (("state_dict", state, state_junk), ("round_metrics", metrics, metrics_junk)):
-            differ = sorted(k for k in before if not _same(before[k], after.get(k), close=True))
+            differ = sorted(k for k in before if not same(before[k], after.get(k), close=True))
             if differ:
                 raise _Broken(f"aggregate: {what} ({', '.join(map(repr, differ))}) depends on the uploads of clients "
                               "that dropped out; leave their part as it was (torch.where on plan.participated)")
@@ -353,7 +362,7 @@ class _Checker:
         if again is None or not torch.equal(again.flip(0), W):
             raise _Broken("personal_models: the clients' models depend on the order or the number of calls; return "
                           "each client's own model for the ids given")
-        changed = sorted(k for k in set(before) | set(algo.state_dict()) if not _same(before.get(k), algo.state_dict().get(k)))
+        changed = sorted(k for k in set(before) | set(algo.state_dict()) if not same(before.get(k), algo.state_dict().get(k)))
         if changed:
             raise _Broken(f"personal_models: changed the algorithm's state ({', '.join(map(repr, changed))}); it is "
                           "called between rounds to evaluate and must only read")
@@ -431,57 +440,3 @@ def _raised(e: BaseException, check_hook: str = "the run") -> _Broken:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:200]
-
-
-def _gap(a, b) -> float:
-    """The largest difference between two tensors (inf where only one is finite, or the shapes differ)."""
-    if a.shape != b.shape:
-        return math.inf
-    d = (a.detach().double() - b.detach().double()).abs()
-    return float(torch.nan_to_num(d, nan=math.inf).max()) if d.numel() else 0.0
-
-
-def _garbage(uploads: dict, dropped) -> dict:
-    """``uploads`` with the rows of the clients that dropped out replaced by large finite random numbers."""
-    g, out = torch.Generator().manual_seed(0), {}
-    for key, v in uploads.items():
-        if v.is_floating_point() and v.dim() >= 1 and v.shape[0] == dropped.numel():
-            junk = (GARBAGE * torch.randn(v.shape, generator=g, dtype=torch.float64)).to(v)
-            v = torch.where(dropped.to(v.device).view(-1, *[1] * (v.dim() - 1)), junk, v)
-        out[key] = v
-    return out
-
-
-def _same(a, b, close: bool = False) -> bool:
-    """Equal data, NaN equal to NaN; ``close``: numbers to float32 rounding (rtol 1e-5, atol 1e-6)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if close:
-            return bool(torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6, equal_nan=True))
-        return bool(((a == b) | (a != a) & (b != b)).all())
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k], close) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y, close) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, (int, float)) and (math.isnan(a) or close):
-        return math.isnan(a) and math.isnan(b) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except (TypeError, ValueError, RuntimeError):   # an array: compared as a tensor
-        return _same(torch.as_tensor(a), torch.as_tensor(b), close)
-
-
-def _checkpoints_keep(value) -> bool:
-    """``value`` comes back equal through torch.save and torch.load(weights_only=True), as a --resume reads it."""
-    buffer = io.BytesIO()
-    try:
-        torch.save(value, buffer)
-        return _same(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), value)
-    except Exception:  # noqa: BLE001 - unpicklable, or refused by the weights-only loader
-        return False
-
-
-def _timeless(history: list[dict]) -> list[dict]:
-    """A metric history without its wall times (measurements, never compared: docs/design.md §2.7)."""
-    return [{k: v for k, v in row.items() if k != "round/seconds"} for row in history]

@@ -52,12 +52,13 @@ class QuadraticModel:
 
 
 def make_algorithm(name: str, num_clients: int, dim: int, sizes, weighting: str = "uniform",
-                   local_steps: int = 3, layout: tuple = (), **params):
-    """``layout``: the parameters' (name, start, stop) in w, for algorithms that split the model."""
+                   local_steps: int = 3, layout: tuple = (), batchnorm: tuple = (), **params):
+    """``layout``: the parameters' (name, start, stop) in w, for algorithms that split the model;
+    ``batchnorm``: which of their layers are BatchNorm layers (FedBN's)."""
     cls = get_algorithm_class(name)
     ctx = SetupContext(num_clients=num_clients, dim=dim, client_sizes=torch.as_tensor(sizes),
                        weighting=weighting, local_steps=local_steps, device=torch.device("cpu"), dtype=DTYPE,
-                       layout=layout)
+                       layout=layout, batchnorm=batchnorm)
     return cls(cls.Params(**params), ctx)
 
 

@@ -1,4 +1,4 @@
-"""Ditto, FedPer, FedRep (algorithms/personal.py) and q-FedAvg (algorithms/fairness.py) by hand on the
+"""Ditto, FedPer, FedRep, FedBN (algorithms/personal.py) and q-FedAvg (algorithms/fairness.py) by hand on the
 quadratic problem, in both engines; their personal models; state through a resume; on real data."""
 import pytest
 import torch
@@ -114,3 +114,57 @@ def test_an_algorithms_own_metrics_reach_the_summary():
     assert result.summary["final_qffl_mean_Fq"] == pytest.approx(last["qffl/mean_Fq"])
     assert result.summary["final_qffl_max_loss"] == pytest.approx(last["qffl/max_loss"])
     assert not any(k.startswith(("final_train", "final_round", "final_comm")) for k in result.summary)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fedbn_keeps_the_batchnorm_entries_local_by_hand(engine):
+    """With w = (body, bn) and bn a BatchNorm layer's parameter, FedBN is FedPer with that layer as the
+    head: the same two rounds by hand (test_fedper_two_rounds_by_hand)."""
+    algo = make_algorithm("fedbn", 3, 2, [2, 1, 3], layout=(("body.weight", 0, 1), ("bn.weight", 1, 2)),
+                          batchnorm=("bn",))
+    u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[2, 1], lr=0.5, engine=engine, clients=[0, 2])
+    close(u, t(0.25, 0.0))
+    w = t(0.25, 0.0)
+    close(algo.personal_models(w, torch.tensor([0, 1, 2])), torch.stack([t(0.25, 0.0), w, t(0.25, -0.5)]))
+    u, _ = one_round(algo, POINTS, w, steps=[1], lr=0.5, engine=engine, clients=[2], round=1)
+    close(u, t(-1.125, 0.0))
+    close(algo.personal_models(w, torch.tensor([2])), t(0.25, -0.75).unsqueeze(0))
+
+
+BN_MLP = {"name": "mlp", "options": {"hidden": 16, "batchnorm": True}}
+
+
+def test_fedbn_keeps_each_clients_statistics_scores_with_them_and_resumes_exactly(tmp_path):
+    """Each client that took part has BatchNorm statistics of its own (the global ones never move); its
+    personal accuracy equals an independent eval-mode count of the model with its BN layers and its
+    statistics; a resume from a checkpoint continues exactly (the statistics are in it)."""
+    import copy
+    raw = tiny_raw(algorithm={"name": "fedbn"}, model=BN_MLP, rounds=4, engine="auto",
+                   eval={"every": 2, "clients": "all"})
+    full, _, saved = resumed_run(raw, tmp_path, stop=2)
+    assert full.engine_name == "loop" and "client_buffers" in saved
+    store, fm = full.client_buffers, full.fmodel
+    assert torch.equal(fm.buffers["net.2.running_mean"], torch.zeros(16))          # the global ones: as built
+    means = [store.own[c]["net.2.running_mean"] for c in sorted(store.own)]
+    assert len(means) >= 2 and not torch.equal(means[0], means[1])
+    ev, data = full.client_eval, full.data
+    W = full.algorithm.personal_models(full.w.detach(), ev.ids)
+    for row, i in zip(full.client_eval_rows, range(len(ev.ids))):
+        client = int(ev.ids[i])
+        model = fm.load_into(W[i], copy.deepcopy(fm.module)).eval()
+        for name, b in (store.own.get(client) or fm.buffers).items():
+            model.get_buffer(name).copy_(b)
+        rows = ev.test[i]
+        with torch.no_grad():
+            right = (model(data.x_test[rows]).argmax(1) == data.y_test[rows]).double().mean()
+        assert row["personal_accuracy"] == pytest.approx(float(right))
+
+
+def test_fedbn_without_batchnorm_is_one_line(tmp_path, capsys):
+    import yaml
+    from fedsweep.cli import main
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw(algorithm={"name": "fedbn"}, rounds=1)))
+    assert main(["run", str(path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "model.options.batchnorm: true" in errors[0], errors

@@ -83,6 +83,8 @@ class SetupContext:
     ops: "ModelOps | None" = None   # server-side model functions (plain autograd): hybrid FL's g_s
     #: (parameter name, start, stop) of each of the model's parameters in w, in order (FedPer's head)
     layout: tuple[tuple[str, int, int], ...] = ()
+    #: the names of the model's BatchNorm layers (FedBN's local ones)
+    batchnorm: tuple[str, ...] = ()
 
 
 class NoParams(BaseModel):
@@ -113,6 +115,9 @@ class Algorithm:
     #: rows of n numbers the server keeps for each client that has taken part (SCAFFOLD's c_i: 1), as
     #: :class:`~fedsweep.algorithms.client_rows.ClientRows`; what the memory check before training counts
     client_rows: ClassVar[int] = 0
+    #: each client keeps its own copy of the model's buffers (BatchNorm's running statistics: FedBN): the
+    #: loop engine trains a client on its copy, per-client evaluation scores its personal model with it
+    local_buffers: ClassVar[bool] = False
     #: the names ``round_metrics`` logs, declared so that a sweep may select, score and compare runs by
     #: one of them (``report.metric``, ``search.metric``, ``scheduler.metric``), checked before it runs
     metrics: ClassVar[tuple[str, ...]] = ()

@@ -1,4 +1,4 @@
-"""Personalized FL: Ditto, FedPer and FedRep. Each keeps a personal model per client, which per-client
+"""Personalized FL: Ditto, FedPer, FedRep and FedBN. Each keeps a personal model per client, which per-client
 evaluation scores on the client's own data (``eval.clients``: ``personal/*``; docs/run.md).
 
 **Ditto** (Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through Personalization",
@@ -38,6 +38,21 @@ head with the body frozen, then the body with its new head frozen:
 
 (the paper's τ_h head epochs and τ body epochs, in fedsweep's local steps: a straggler that stops
 early shortens the body phase first). ``head_steps: 0`` trains the body alone with the heads fixed.
+
+**FedBN** (Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local Batch
+Normalization", ICLR 2021, Algorithm 1). Each client keeps its BatchNorm layers: their parameters
+(γ, β) and their running statistics (μ, σ²); everything else is FedAvg's:
+
+    w_k ← E_i steps of SGD on F_k from (W^t without BN, its own BN layers)     (all layers train)
+    W^{t+1} = W^t + η_g Σ q_k (W_k − W^t)  over the non-BN entries;   BN_k kept by client k
+
+The BN entries of w are those of the model's BatchNorm layers (``ctx.batchnorm``); the statistics, not in
+w, are the model's buffers, which each client keeps a copy of (``local_buffers``: the loop engine trains
+it on its copy, per-client evaluation scores its personal model with it). A client's personal model is
+the global non-BN layers with its own BN layers (the initial ones and the initial statistics before
+its first round); the global model keeps the initial BN layers and statistics: read the personal
+models (``served/*``). A model without BatchNorm is refused (``model.options.batchnorm: true`` gives
+the MLP and the CNN one after each hidden layer, as FedBN's models have).
 """
 from __future__ import annotations
 
@@ -124,15 +139,32 @@ def last_layers(ctx, layers: int, key: str) -> "torch.Tensor":
     return mask
 
 
+def batchnorm_entries(ctx) -> "torch.Tensor":
+    """bool (n,): the entries of w that are the parameters of the model's BatchNorm layers (FedBN's local
+    ones); a model without any: one line naming the fix."""
+    if not ctx.batchnorm:
+        raise ConfigError("algorithm.name: fedbn keeps each client's BatchNorm layers, and the model has none; set "
+                          "model.options.batchnorm: true (mlp, cnn), or use a model with BatchNorm layers")
+    mask = torch.zeros(ctx.dim, dtype=torch.bool, device=ctx.device)
+    for name, start, stop in ctx.layout:
+        if name.rpartition(".")[0] in ctx.batchnorm:
+            mask[start:stop] = True
+    return mask
+
+
 class _PersonalHead(Algorithm):
-    """FedPer's and FedRep's shared part: a head per client, the body federated."""
+    """FedPer's, FedRep's and FedBN's shared part: some entries of w per client (the head), the rest federated."""
     rowwise = True
     client_rows = 1     # h_k (the head's entries only)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.head = last_layers(ctx, params.head_layers, "head_layers")
+        self.head = self.own_entries(params, ctx)
         self.heads = ClientRows(ctx.num_clients, int(self.head.sum()), ctx.device, ctx.dtype)
+
+    def own_entries(self, params, ctx) -> "torch.Tensor":
+        """bool (n,): the entries each client keeps (FedPer's and FedRep's: the last ``head_layers`` layers)."""
+        return last_layers(ctx, params.head_layers, "head_layers")
 
     def own_heads(self, clients) -> "torch.Tensor":
         """(M, n): each client's head in the head's entries, 0 elsewhere and for a client without one yet."""
@@ -194,3 +226,14 @@ class FedRep(_PersonalHead):
         on_head = state["step"] < self.params.head_steps                   # (…, 1): this step's phase
         moves = torch.where(on_head, self.head, ~self.head)
         return {"w": state["w"] - lr * torch.where(moves, g, 0.0), "step": state["step"] + 1}
+
+
+@register
+class FedBN(_PersonalHead):
+    """Every layer trains locally (FedAvg's client step); the BatchNorm layers and their statistics stay
+    with the client."""
+    name = "fedbn"
+    local_buffers = True
+
+    def own_entries(self, params, ctx):
+        return batchnorm_entries(ctx)

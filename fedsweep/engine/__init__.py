@@ -58,8 +58,10 @@ def engine_choice(name: str, module: torch.nn.Module, device: torch.device | str
     ``input_shape`` None: the vmap check is not made."""
     if name == "loop":
         return name, ""
-    # fedsweep's own models are pure functions of their parameters (tests/test_models.py): not tried
-    ours = type(module).__module__.startswith("fedsweep.")
+    # fedsweep's own models are pure functions of their parameters (tests/test_models.py): not tried,
+    # unless built with BatchNorm (`batchnorm: true`), whose running statistics training moves in place
+    batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    ours = type(module).__module__.startswith("fedsweep.") and not batchnorm
     problem = vmap_problem(module, input_shape) if input_shape is not None and not ours else None
     if problem is not None and name == "auto":
         return "loop", f"torch.func.vmap cannot run this model: {problem}"
@@ -96,7 +98,11 @@ def vmap_problem(module: torch.nn.Module, input_shape: tuple[int, ...]) -> str |
     return _VMAP_CHECKED[key]
 
 
-def make_engine(name: str, fmodel: FunctionalModel, algorithm, data: ClientData):
+def make_engine(name: str, fmodel: FunctionalModel, algorithm, data: ClientData, buffers=None):
+    """``buffers`` (loop engine): each client's own copy of the model's buffers (engine/client_buffers.py).
+    The vectorized engine runs no model whose buffers training moves (vmap refuses BatchNorm's updates)."""
     from fedsweep.engine.loop import LoopEngine
     from fedsweep.engine.vectorized import VectorizedEngine
-    return {"loop": LoopEngine, "vectorized": VectorizedEngine}[name](fmodel, algorithm, data)
+    if name == "loop":
+        return LoopEngine(fmodel, algorithm, data, buffers)
+    return VectorizedEngine(fmodel, algorithm, data)

@@ -6,8 +6,13 @@
 * One model a client (fine-tuned or personal, ``W`` (M, n)): on the vectorized engine, chunks of
   clients at once under ``vmap``, each client's samples padded to the chunk's largest; on the loop
   engine one client after another. Both in eval mode; the same numbers (tests/test_client_eval.py).
+  With each client's own buffers (``buffers_of``: FedBN's BatchNorm statistics) one client after another,
+  each under its own.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Callable
 
 import torch
 from torch.func import vmap
@@ -34,15 +39,18 @@ def one_model(fmodel: FunctionalModel, w: torch.Tensor, x: torch.Tensor, y: torc
 
 @torch.no_grad()
 def own_models(fmodel: FunctionalModel, W: torch.Tensor, x: torch.Tensor, y: torch.Tensor, index: ClientIndex,
-               batch_size: int, vectorized: bool) -> torch.Tensor:
-    """Each client's count of right answers (M,) float64 of its own model ``W[i]`` on ``x[index[i]]``."""
+               batch_size: int, vectorized: bool,
+               buffers_of: Callable[[int], contextlib.AbstractContextManager] | None = None) -> torch.Tensor:
+    """Each client's count of right answers (M,) float64 of its own model ``W[i]`` on ``x[index[i]]``;
+    ``buffers_of(i)``: the model's buffers are client i's inside (engine/client_buffers.py)."""
     M = len(index)
     out = torch.zeros(M, dtype=torch.float64, device=W.device)
-    if not vectorized:
+    if not vectorized or buffers_of is not None:
         for i in range(M):
             rows = index[i]
             if rows.numel():
-                out[i] = fmodel.sample_scores(W[i], x[rows], y[rows], batch_size)[1].sum()
+                with buffers_of(i) if buffers_of is not None else contextlib.nullcontext():
+                    out[i] = fmodel.sample_scores(W[i], x[rows], y[rows], batch_size)[1].sum()
         return out
     sizes = index.sizes.tolist()
     with fmodel.evaluating():

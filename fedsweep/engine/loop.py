@@ -6,6 +6,8 @@ real (unpadded) samples of each step, and gradients come from ``torch.autograd.g
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fedsweep.algorithms.base import ModelOps
@@ -26,8 +28,11 @@ def autograd_ops(fmodel) -> ModelOps:
 
 
 class LoopEngine:
-    def __init__(self, fmodel, algorithm, data):
-        self.fmodel, self.algo, self.data = fmodel, algorithm, data
+    """``buffers``: each client's own copy of the model's buffers (:mod:`fedsweep.engine.client_buffers`),
+    for an algorithm that keeps them local; None: one copy, which every client's forward passes move."""
+
+    def __init__(self, fmodel, algorithm, data, buffers=None):
+        self.fmodel, self.algo, self.data, self.buffers = fmodel, algorithm, data, buffers
         self.ops = autograd_ops(fmodel)
 
     def _batch(self, index, mask, key):
@@ -51,14 +56,16 @@ class LoopEngine:
             step_ops = ModelOps(grad=grad, loss=self.fmodel.loss)
             own_k = {name: v[k] for name, v in own.items()}
             probe_k = self._batch(probe.index[k, 0], probe.mask[k, 0], probe.keys[k, 0]) if probe is not None else None
-            state = self.algo.client_init(w, shared, own_k, ops, probe_k)
             first = []
-            for s in range(int(plan.steps[k])):
-                step_losses.clear()
-                batch = self._batch(batches.index[k, s], batches.mask[k, s], batches.keys[k, s])
-                state = self.algo.client_step(state, batch, step_ops, plan.lr, shared)
-                first.append(step_losses[0])
-            uploads.append(self.algo.client_final(state, w, ops, probe_k))
+            with (self.buffers.of(int(plan.clients[k]), keep=bool(plan.participated[k])) if self.buffers is not None
+                  else contextlib.nullcontext()):
+                state = self.algo.client_init(w, shared, own_k, ops, probe_k)
+                for s in range(int(plan.steps[k])):
+                    step_losses.clear()
+                    batch = self._batch(batches.index[k, s], batches.mask[k, s], batches.keys[k, s])
+                    state = self.algo.client_step(state, batch, step_ops, plan.lr, shared)
+                    first.append(step_losses[0])
+                uploads.append(self.algo.client_final(state, w, ops, probe_k))
             losses.append(torch.stack(first).mean() if first else w.new_tensor(float("nan")))
         stacked = {name: torch.stack([u[name] for u in uploads]) for name in uploads[0]}
         return stacked, torch.stack(losses)

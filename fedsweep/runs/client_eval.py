@@ -55,8 +55,9 @@ class ClientEvaluator:
     """The evaluated clients' data (indices on the data's device) and their scoring."""
 
     def __init__(self, cfg: RunConfig, data: FederatedData, fmodel: FunctionalModel, engine_name: str,
-                 algorithm: Algorithm, clients_cpu: ClientIndex):
+                 algorithm: Algorithm, clients_cpu: ClientIndex, buffers=None):
         self.cfg, self.data, self.fmodel, self.algorithm = cfg, data, fmodel, algorithm
+        self.buffers = buffers   # each client's own model buffers (engine/client_buffers.py), or None
         self.vectorized = engine_name == "vectorized"
         self.clients_cpu = clients_cpu
         ids = evaluated_clients(cfg.eval.clients, data.num_clients, cfg.seed)
@@ -108,7 +109,10 @@ class ClientEvaluator:
                 W = models(w, t, chunk)
                 if W is None:
                     break
-                parts.append({name: own_models(self.fmodel, W, x, y, _select(index, chunk), bs, self.vectorized)
+                ids = self.ids[chunk].tolist()
+                own = (lambda i, ids=ids: self.buffers.of(ids[i], keep=False)) \
+                    if kind == "personal" and self.buffers is not None else None
+                parts.append({name: own_models(self.fmodel, W, x, y, _select(index, chunk), bs, self.vectorized, own)
                               for name, x, y, index in self.splits()})
             for name, *_ in self.splits() if parts else ():
                 right[(kind, name)] = torch.cat([p[name] for p in parts])

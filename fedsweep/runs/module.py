@@ -103,6 +103,8 @@ class FederatedModule(L.LightningModule):
         self.loss_limit = divergence_limit(cfg.eval.divergence_factor, self.data.num_classes)
         self.loss_measured = True   # the last round's train/loss averages some client's (or the server's)
         self._pending_algo_state: dict | None = None   # from a checkpoint loaded before build()
+        self.client_buffers = None       # each client's buffers, for an algorithm that keeps them local
+        self._pending_buffers: dict | None = None
         self.client_eval = None          # per-client evaluation (eval.clients), built in build()
         self.client_eval_rows: list[dict] = []   # its last evaluation's per-client values (client_eval.csv)
         self._plugin_records = None
@@ -127,7 +129,9 @@ class FederatedModule(L.LightningModule):
         ctx = SetupContext(num_clients=self.data.num_clients, dim=self.fmodel.dim,
                            client_sizes=self.data.client_sizes.to(dev), weighting=self.cfg.algorithm.weighting,
                            local_steps=self.cfg.local.steps, device=dev, dtype=self.w.dtype,
-                           ops=autograd_ops(self.fmodel), layout=self.fmodel.layout())
+                           ops=autograd_ops(self.fmodel), layout=self.fmodel.layout(),
+                           batchnorm=tuple(n for n, m in self.fmodel.module.named_modules()
+                                           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)))
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
         if self._pending_algo_state is not None:
             self.algorithm.load_state_dict(self._pending_algo_state)
@@ -140,11 +144,17 @@ class FederatedModule(L.LightningModule):
         self.fmodel.global_rng = not ours and self.fmodel.draws_global_rng(self.data.input_shape)
         self.engine_name, self.engine_why = engine_choice(self.cfg.engine, self.fmodel.module, dev,
                                                           self.data.input_shape)
-        self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data)
+        if cls.local_buffers and self.fmodel.buffers and self.engine_name == "loop":
+            from fedsweep.engine.client_buffers import ClientBuffers
+            self.client_buffers = ClientBuffers(self.fmodel)
+            if self._pending_buffers is not None:
+                self.client_buffers.load_state_dict(self._pending_buffers)
+                self._pending_buffers = None
+        self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data, self.client_buffers)
         if self.cfg.eval.clients is not None:
             from fedsweep.runs.client_eval import ClientEvaluator
             self.client_eval = ClientEvaluator(self.cfg, self.data, self.fmodel, self.engine_name, self.algorithm,
-                                               self.clients_cpu)
+                                               self.clients_cpu, self.client_buffers)
 
     def configure_optimizers(self):
         s = self.cfg.server
@@ -340,6 +350,7 @@ class FederatedModule(L.LightningModule):
             "config": self.cfg.model_dump(mode="json"),
             # a model's buffers (BatchNorm's running statistics): not in w, but the model's state too
             **({"buffers": {k: v.detach().cpu() for k, v in self.fmodel.buffers.items()}} if self.fmodel.buffers else {}),
+            **({"client_buffers": self.client_buffers.state_dict()} if self.client_buffers is not None else {}),
             # the plugins' files and hashes: a --resume with one changed is refused (runs/checkpoints.py)
             **({"plugins": self.plugin_records()} if self.cfg.plugins else {}),
             # whose checkpoint this is (fedsweep/runs/checkpoints.py): never replaced by another run's
@@ -363,6 +374,11 @@ class FederatedModule(L.LightningModule):
             if k in self.fmodel.buffers:   # in place: on the CPU they are the module's own buffers
                 with torch.no_grad():
                     self.fmodel.buffers[k].copy_(v)
+        if "client_buffers" in state:
+            if self.client_buffers is not None:
+                self.client_buffers.load_state_dict(state["client_buffers"])
+            else:
+                self._pending_buffers = state["client_buffers"]
         if self.algorithm is not None:
             self.algorithm.load_state_dict(state["algorithm"])
         else:

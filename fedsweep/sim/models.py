@@ -5,7 +5,8 @@ Every model here is a pure function of its parameters, so the engine can run
 ``grad`` (docs/design.md §1.5). That rules out three things, none of which appears below:
 
 - batch statistics (BatchNorm and its running buffers): the deep models use GroupNorm instead,
-  as Hsieh et al., "The Non-IID Data Quagmire of Decentralized ML" (ICML 2020) recommend for FL;
+  as Hsieh et al., "The Non-IID Data Quagmire of Decentralized ML" (ICML 2020) recommend for FL
+  (the MLP and the CNN take ``batchnorm=True`` for FedBN; those run on the loop engine);
 - in-place ops on activations (every ReLU is ``inplace=False``);
 - dropout (no model has any, so train and eval forward passes are the same function; a plugin's
   ``nn.Dropout`` layers are seeded by :mod:`fedsweep.engine.dropout` and vmap).
@@ -81,9 +82,14 @@ def param_count(model: nn.Module) -> int:
 
 
 def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Feature count after ``features`` by a dry run on zeros (draws no random numbers)."""
+    """Feature count after ``features`` by a dry run on zeros (draws no random numbers; in eval mode, so
+    BatchNorm's running statistics stay as initialized)."""
     with torch.no_grad():
-        return features(torch.zeros(1, *input_shape)).numel()
+        features.eval()
+        try:
+            return features(torch.zeros(1, *input_shape)).numel()
+        finally:
+            features.train()
 
 
 def _norm(channels: int, groups: int) -> nn.GroupNorm:
@@ -98,11 +104,13 @@ def _norm(channels: int, groups: int) -> nn.GroupNorm:
 
 class MLP(nn.Module):
     """FedLGA (Sec. V-A): "a two-layer fully connect MLP network with 400 hidden nodes" for FMNIST:
-    flatten -> Linear(d, hidden) -> ReLU -> Linear(hidden, classes)."""
+    flatten -> Linear(d, hidden) -> ReLU -> Linear(hidden, classes); ``batchnorm``: a BatchNorm1d
+    before the ReLU (FedBN's models)."""
 
-    def __init__(self, in_features: int, hidden: int, num_classes: int):
+    def __init__(self, in_features: int, hidden: int, num_classes: int, batchnorm: bool = False):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(),
+        norm = [nn.BatchNorm1d(hidden)] if batchnorm else []
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), *norm, nn.ReLU(),
                                  nn.Linear(hidden, num_classes))
 
     def forward(self, x):
@@ -151,18 +159,23 @@ class CNN(nn.Module):
     The paper names no dropout, so there is none (which also keeps the forward pass deterministic for
     functional training). Convs are unpadded, so MNIST 28x28 flattens to 64·5·5 = 1600 features;
     inputs smaller than 16 pixels (digits 8x8, which unpadded would shrink to nothing) use "same"
-    padding 1. The softmax is in the loss: the model returns logits."""
+    padding 1. The softmax is in the loss: the model returns logits. ``batchnorm``: a BatchNorm after
+    each conv and the hidden FC layer, before its ReLU (FedBN's CNN, Li et al. ICLR 2021)."""
 
-    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, fc: int = 1600):
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, fc: int = 1600, batchnorm: bool = False):
         super().__init__()
         c, h, w = input_shape
         pad = 1 if min(h, w) < 16 else 0
+
+        def norm(kind, width):
+            return [kind(width)] if batchnorm else []
         self.features = nn.Sequential(
-            nn.Conv2d(c, 32, 3, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, 32, 3, padding=pad), *norm(nn.BatchNorm2d, 32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=pad), *norm(nn.BatchNorm2d, 64), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten())
         self.classifier = nn.Sequential(
-            nn.Linear(_flat_size(self.features, input_shape), fc), nn.ReLU(), nn.Linear(fc, num_classes))
+            nn.Linear(_flat_size(self.features, input_shape), fc), *norm(nn.BatchNorm1d, fc), nn.ReLU(),
+            nn.Linear(fc, num_classes))
 
     def forward(self, x):
         return self.classifier(self.features(x))

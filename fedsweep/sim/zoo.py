@@ -28,12 +28,17 @@ def _image(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return tuple(input_shape)
 
 
+BatchNormOption = Annotated[bool, Field(description=(
+    "BatchNorm after each hidden layer (FedBN's models; its running statistics make the run use the loop "
+    "engine, and FedBN keeps each client's)."))]
+
+
 @register_model("mlp", input_shape=(1, 8, 8))
 def mlp(input_shape, num_classes, hidden: Annotated[int, Field(ge=1, description=(
-        "Hidden units (FedLGA: one hidden layer of 400)."))] = 400):
-    """FedLGA's two-layer MLP: flatten, Linear(d, hidden), ReLU, Linear(hidden, classes)."""
+        "Hidden units (FedLGA: one hidden layer of 400)."))] = 400, batchnorm: BatchNormOption = False):
+    """FedLGA's two-layer MLP: flatten, Linear(d, hidden), [BatchNorm1d,] ReLU, Linear(hidden, classes)."""
     from fedsweep.sim.models import MLP
-    return MLP(math.prod(input_shape), hidden, num_classes)
+    return MLP(math.prod(input_shape), hidden, num_classes, batchnorm)
 
 
 @register_model("lenet5", input_shape=(1, 28, 28))
@@ -44,10 +49,10 @@ def lenet5(input_shape, num_classes):
 
 
 @register_model("cnn", input_shape=(1, 8, 8))
-def cnn(input_shape, num_classes):
+def cnn(input_shape, num_classes, batchnorm: BatchNormOption = False):
     """The FedSoftMax paper's CNN: two 3x3 convs (32, 64 channels) with 2x2 max pooling, FC 1600."""
     from fedsweep.sim.models import CNN
-    return CNN(_image("cnn", input_shape), num_classes)
+    return CNN(_image("cnn", input_shape), num_classes, batchnorm=batchnorm)
 
 
 @register_model("resnet18", input_shape=(3, 32, 32))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.sweep.spec import ON_VALIDATION, SweepConfig, Trial, own_metric
+from fedsweep.runs.summary import own_metric
+from fedsweep.sweep.metrics import ON_VALIDATION
+from fedsweep.sweep.spec import SweepConfig, Trial
 
 
 def select_on_validation(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
@@ -91,7 +93,7 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
         raise ConfigError(f"{source}: report.mode: min needs report.metric (an algorithm's own metric where a lower "
                           "value is better); unset, configs are ranked by test accuracy, higher better")
     if metric is not None:
-        from fedsweep.sweep.spec import REPORT_METRICS
+        from fedsweep.sweep.metrics import REPORT_METRICS
         if metric not in REPORT_METRICS and not own_metric(metric):
             raise ConfigError(f"{source}: report.metric: {metric!r} is not a metric configs can be scored by; allowed: "
                               "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min> (e.g. "
