@@ -168,3 +168,19 @@ def test_fedbn_without_batchnorm_is_one_line(tmp_path, capsys):
     assert main(["run", str(path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "model.options.batchnorm: true" in errors[0], errors
+
+
+def test_fedavg_ft_is_fedavg_whose_personal_models_are_its_fine_tuned_ones():
+    """fedavg_ft trains FedAvg's global model; its personal/* are FedAvg's finetuned/* with the same steps
+    and lr, exactly (the same fine-tuning batches)."""
+    import fedsweep
+    ev = {"every": 2, "clients": "all"}
+    ft = fedsweep.run(tiny_raw(algorithm={"name": "fedavg_ft", "finetune_steps": 3, "finetune_lr": 0.05},
+                               rounds=4, eval=ev), mlflow=False).rounds
+    avg = fedsweep.run(tiny_raw(rounds=4, eval={**ev, "finetune_steps": 3, "finetune_lr": 0.05}), mlflow=False).rounds
+    evals = avg["test/accuracy"].notna()
+    assert evals.sum() == 2
+    for stat in ("mean", "p10", "min", "weighted", "std"):
+        assert ft.loc[evals, f"personal/accuracy_{stat}"].tolist() == avg.loc[evals, f"finetuned/accuracy_{stat}"].tolist()
+        assert ft.loc[evals, f"served/accuracy_{stat}"].tolist() == ft.loc[evals, f"personal/accuracy_{stat}"].tolist()
+        assert ft.loc[evals, f"clients/accuracy_{stat}"].tolist() == avg.loc[evals, f"clients/accuracy_{stat}"].tolist()

@@ -26,6 +26,8 @@ server side — plain code over the K stacked uploads:
                                   (FedSoftMax's α_i and p_i); {} keeps nothing
     personal_models(w, clients)-> each given client's personal model (M, n) for per-client evaluation
                                   (``eval.clients``: personal/*); None (the default): it has none
+    personal_finetuning()      -> (steps, lr or None): a client's personal model is the global one
+                                  fine-tuned on its data (FedAvg+FT); None (the default): not so
     state_dict/load_state_dict -> everything above that persists, so checkpoints resume exactly
     communication(plan)        -> model-size units uploaded and downloaded this round
     compute(plan)              -> gradient evaluations spent on clients this round
@@ -177,6 +179,19 @@ class Algorithm:
         global body. Called outside training, in eval mode; must not change the algorithm's state.
         None: the algorithm has none (the default)."""
         return None
+
+    def personal_finetuning(self) -> tuple[int, float | None] | None:
+        """FedAvg+FT's personal models: each client's is the global model fine-tuned on the client's data
+        for ``steps`` local SGD steps of lr ``lr`` (None: ``local.lr``), made by per-client evaluation at
+        each evaluation (the batches of ``eval.finetune_steps``: ``(seed, t, "finetune")``). None (the
+        default): the personal models, if any, are :meth:`personal_models`'."""
+        return None
+
+    @classmethod
+    def has_personal_models(cls) -> bool:
+        """Whether the algorithm defines personal models (``personal/*`` then measured)."""
+        return cls.personal_models is not Algorithm.personal_models or \
+            cls.personal_finetuning is not Algorithm.personal_finetuning
 
     def state_dict(self) -> dict[str, Tensor]:
         return {}

@@ -1,5 +1,16 @@
-"""Personalized FL: Ditto, FedPer, FedRep and FedBN. Each keeps a personal model per client, which per-client
+"""Personalized FL: FedAvg+FT, Ditto, FedPer, FedRep and FedBN. Each keeps a personal model per client, which per-client
 evaluation scores on the client's own data (``eval.clients``: ``personal/*``; docs/run.md).
+
+**FedAvg+FT** (the fine-tuning baseline: Wang, Mathews, Kiddon, Eichner, Beaufays, Ramage, "Federated
+Evaluation of On-device Personalization", 2019; pFL-Bench's FedAvg-FT, Chen et al., NeurIPS 2022 D&B).
+FedAvg trains the global model; client k's personal model is it fine-tuned on the client's own data:
+
+    v_k = w^t − η Σ_{s<S} ∇F_k(v_k,s; b_s)    (S = ``finetune_steps`` local SGD steps, η = ``finetune_lr``)
+
+made at each evaluation (``Algorithm.personal_finetuning``), on the batches ``eval.finetune_steps``
+draws, ``(seed, t, "finetune")``, so ``fedavg_ft``'s ``personal/*`` equals FedAvg's ``finetuned/*`` with
+the same steps and lr (tested). As an algorithm of its own it is compared with the others on
+``served/*`` in a sweep; ``eval.finetune_steps`` fine-tunes every method's global model alike.
 
 **Ditto** (Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through Personalization",
 ICML 2021, Algorithm 1, objective eq. 2). Client k's personal model v_k minimizes
@@ -63,6 +74,23 @@ from fedsweep.algorithms.base import Algorithm
 from fedsweep.algorithms.client_rows import ClientRows
 from fedsweep.util.errors import ConfigError
 from fedsweep.util.lazy import torch
+
+
+class FedAvgFTParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    finetune_steps: int = Field(10, ge=1, description="S: local SGD steps that fine-tune the global model on a "
+                                "client's data into its personal model, at each evaluation.")
+    finetune_lr: float | None = Field(None, gt=0, description="η of the fine-tuning steps; default `local.lr`.")
+
+
+@register
+class FedAvgFT(Algorithm):
+    """FedAvg's training; the personal models are the global one fine-tuned per client (module docstring)."""
+    name = "fedavg_ft"
+    Params = FedAvgFTParams
+
+    def personal_finetuning(self):
+        return self.params.finetune_steps, self.params.finetune_lr
 
 
 class DittoParams(BaseModel):

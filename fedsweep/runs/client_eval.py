@@ -87,9 +87,9 @@ class ClientEvaluator:
                 cfg.seed, "client validation")).to(dev)
             self.x_val, self.y_val = data.x_val, data.y_val
         self.rows: list[dict] = []   # the last evaluation's per-client values
-        steps = cfg.eval.finetune_steps
+        tuning = cfg.eval.finetune_steps or algorithm.personal_finetuning() is not None
         self.finetuner = make_engine(engine_name, fmodel, Algorithm(NoParams(), algorithm.ctx),
-                                     ClientData(data.x_train, data.y_train)) if steps else None
+                                     ClientData(data.x_train, data.y_train)) if tuning else None
 
     def splits(self):
         """(name, x, y, each client's indices) of the data the clients are scored on."""
@@ -133,13 +133,18 @@ class ClientEvaluator:
 
     def finetuned(self, w: torch.Tensor, t: int, chunk: torch.Tensor) -> torch.Tensor | None:
         """The chunk's clients' models: w fine-tuned for ``eval.finetune_steps`` SGD steps on their data."""
-        if self.finetuner is None:
+        if not self.cfg.eval.finetune_steps:
             return None
-        steps, ids = self.cfg.eval.finetune_steps, self.ids[chunk]
+        return self.finetune(w, t, chunk, self.cfg.eval.finetune_steps, self.cfg.eval.finetune_lr)
+
+    def finetune(self, w: torch.Tensor, t: int, chunk: torch.Tensor, steps: int, lr: float | None) -> torch.Tensor:
+        """The chunk's clients' models: w after ``steps`` SGD steps of lr ``lr`` (None: ``local.lr``) on each
+        client's data, on the batches of ``(seed, t, "finetune")``."""
+        ids = self.ids[chunk]
         m = ids.numel()
         plan = RoundPlan(round=t, clients=ids, work=torch.full((m,), steps), steps=torch.full((m,), steps),
                          sizes=self.clients_cpu.sizes[ids], dropped=torch.zeros(m, dtype=torch.bool),
-                         expected_work=steps, lr=self.cfg.eval.finetune_lr or self.cfg.local.lr)
+                         expected_work=steps, lr=lr or self.cfg.local.lr)
         batches = schedule_batches(plan, self.clients_cpu, self.cfg.local.batch_size, "steps", self.cfg.seed,
                                    purpose="finetune").to(w.device)
         kept = {k: v.clone() for k, v in self.fmodel.buffers.items()}   # BatchNorm's: the global model's own
@@ -149,6 +154,9 @@ class ClientEvaluator:
         return w + uploads["delta"]
 
     def personal(self, w: torch.Tensor, t: int, chunk: torch.Tensor) -> torch.Tensor | None:
+        tuning = self.algorithm.personal_finetuning()
+        if tuning is not None:   # FedAvg+FT: the global model fine-tuned on each client's data
+            return self.finetune(w, t, chunk, *tuning)
         return self.algorithm.personal_models(w, self.ids[chunk].to(w.device))
 
 

@@ -99,7 +99,8 @@ METHOD_COLORS = {
     "fednova": "#8c564b", "fedcm": "#e377c2", "mimelite": "#7f7f7f", "fedsam": "#bcbd22", "fedsoftmax": "#17becf",
     "clg_sgd": "#393b79", "fedclg_c": "#e6550d", "fedclg_s": "#31a354", "scaffold_plus": "#843c39",
     "server_only": "#000000", "fedmax": "#7b4173", "fedmax_k": "#637939", "gen_fedavg": "#6baed6",
-    "ditto": "#a6761d", "fedper": "#1b9e77", "fedrep": "#d95f02", "qffl": "#e7298a", "fedbn": "#66a61e"}
+    "fedavg_ft": "#6a3d9a", "ditto": "#a6761d", "fedper": "#1b9e77", "fedrep": "#d95f02", "qffl": "#e7298a",
+    "fedbn": "#66a61e"}
 #: For method labels that are not an algorithm's name (``fedlga_damped``), picked by the label's hash.
 OTHER_COLORS = ("#ad494a", "#8ca252", "#bd9e39", "#a55194", "#5254a3", "#6b6ecf", "#e7969c", "#9c9ede",
                 "#cedb9c", "#e7cb94")

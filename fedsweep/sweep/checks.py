@@ -48,7 +48,6 @@ def check_client_metric(key: str, metric: str, trials: list[Trial], source: str)
     algorithms with personal models; an algorithm's own metric only by trials whose algorithm declares it
     (``Algorithm.metrics``): refused, naming the first trial that would never report it."""
     from fedsweep.algorithms import get_algorithm_class
-    from fedsweep.algorithms.base import Algorithm
     from fedsweep.runs.summary import CLIENT_KINDS
     kind = metric.partition("/")[0]
     if own_metric(metric):
@@ -66,7 +65,7 @@ def check_client_metric(key: str, metric: str, trials: list[Trial], source: str)
         why = ("sets no eval.clients" if ev.clients is None else
                "sets no eval.finetune_steps" if kind == "finetuned" and not ev.finetune_steps else
                f"runs {t.config.algorithm.name}, which has no personal models" if kind == "personal" and
-               get_algorithm_class(t.config.algorithm.name).personal_models is Algorithm.personal_models else None)
+               not get_algorithm_class(t.config.algorithm.name).has_personal_models() else None)
         if why:
             raise ConfigError(f"{source}: {key}: {metric!r} is measured per client, and trial {t.method} "
                               f"{t.config_id} {why}, so it would never report it")
