@@ -39,9 +39,15 @@ def test_dittos_global_model_is_fedavgs_and_a_dropped_client_keeps_no_personal_m
     assert ditto.v.held(torch.tensor([0, 1, 2])).tolist() == [True, False, True]
 
 
+# FedBN with w = (body, bn), bn a BatchNorm layer's parameter, is FedPer with that layer as the head
+KEPT_LAST = {"fedper": {"layout": LAYOUT},
+             "fedbn": {"layout": (("body.weight", 0, 1), ("bn.weight", 1, 2)), "batchnorm": ("bn",)}}
+
+
+@pytest.mark.parametrize("name", KEPT_LAST)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_fedper_two_rounds_by_hand(engine):
-    algo = make_algorithm("fedper", 3, 2, [2, 1, 3], layout=LAYOUT)
+def test_fedper_and_fedbn_two_rounds_by_hand(engine, name):
+    algo = make_algorithm(name, 3, 2, [2, 1, 3], **KEPT_LAST[name])
     # Round 1, w = 0 (no head yet: the global one), clients {0, 2}, E_i = 2, 1: every entry trains.
     #   client 0 ends at (1.5, 0): head 0;  client 2 at (−1, −0.5): head −0.5.  u = mean Δ on the body.
     u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[2, 1], lr=0.5, engine=engine, clients=[0, 2])
@@ -114,21 +120,6 @@ def test_an_algorithms_own_metrics_reach_the_summary():
     assert result.summary["final_qffl_mean_Fq"] == pytest.approx(last["qffl/mean_Fq"])
     assert result.summary["final_qffl_max_loss"] == pytest.approx(last["qffl/max_loss"])
     assert not any(k.startswith(("final_train", "final_round", "final_comm")) for k in result.summary)
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_fedbn_keeps_the_batchnorm_entries_local_by_hand(engine):
-    """With w = (body, bn) and bn a BatchNorm layer's parameter, FedBN is FedPer with that layer as the
-    head: the same two rounds by hand (test_fedper_two_rounds_by_hand)."""
-    algo = make_algorithm("fedbn", 3, 2, [2, 1, 3], layout=(("body.weight", 0, 1), ("bn.weight", 1, 2)),
-                          batchnorm=("bn",))
-    u, _ = one_round(algo, POINTS, t(0.0, 0.0), steps=[2, 1], lr=0.5, engine=engine, clients=[0, 2])
-    close(u, t(0.25, 0.0))
-    w = t(0.25, 0.0)
-    close(algo.personal_models(w, torch.tensor([0, 1, 2])), torch.stack([t(0.25, 0.0), w, t(0.25, -0.5)]))
-    u, _ = one_round(algo, POINTS, w, steps=[1], lr=0.5, engine=engine, clients=[2], round=1)
-    close(u, t(-1.125, 0.0))
-    close(algo.personal_models(w, torch.tensor([2])), t(0.25, -0.75).unsqueeze(0))
 
 
 BN_MLP = {"name": "mlp", "options": {"hidden": 16, "batchnorm": True}}

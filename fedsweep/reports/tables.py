@@ -153,6 +153,17 @@ def _all_table(configs: pd.DataFrame) -> str:
 CLIENT_MODELS = {"clients": "global", "finetuned": "fine-tuned", "personal": "personal"}
 
 
+def _per_best_config(best: pd.DataFrame, trials: pd.DataFrame, cells, header: list[str]) -> str:
+    """Settings × methods: a row per best config, its scored runs' count and ``cells(runs)`` of them."""
+    settings = best.attrs["settings"]
+    by_run = trials.set_index("run_id")
+    rows = []
+    for _, r in best.iterrows():
+        runs = by_run.loc[[i for i in r["run_ids"] if i in by_run.index]]
+        rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells(runs)])
+    return _markdown([*settings, "method", "seeds", *header], rows)
+
+
 def _client_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
     """Settings × methods: each model's per-client accuracy at the last evaluation (mean over clients /
     mean of the worst 10% / lowest client), averaged over the best config's scored runs; None when no
@@ -161,17 +172,11 @@ def _client_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
     kinds = [k for k, c in cols.items() if c[0] in trials and trials[c[0]].notna().any()]
     if not kinds:
         return None
-    settings = best.attrs["settings"]
-    by_run = trials.set_index("run_id")
-    rows = []
-    for _, r in best.iterrows():
-        runs = by_run.loc[[i for i in r["run_ids"] if i in by_run.index]]
-        cells = []
-        for kind in kinds:
-            means = [runs[c].mean() if c in runs else math.nan for c in cols[kind]]
-            cells.append(" / ".join(_num(v, 3) for v in means) if _present(means[0]) else "—")
-        rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells])
-    return _markdown([*settings, "method", "seeds", *(f"{CLIENT_MODELS[k]}: mean / worst 10% / min" for k in kinds)], rows)
+
+    def cells(runs):
+        means = [[runs[c].mean() if c in runs else math.nan for c in cols[kind]] for kind in kinds]
+        return [" / ".join(_num(v, 3) for v in m) if _present(m[0]) else "—" for m in means]
+    return _per_best_config(best, trials, cells, [f"{CLIENT_MODELS[k]}: mean / worst 10% / min" for k in kinds])
 
 
 def own_columns(trials: pd.DataFrame) -> list[str]:
@@ -188,11 +193,6 @@ def _own_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
     cols = own_columns(trials)
     if not cols:
         return None
-    settings = best.attrs["settings"]
-    by_run = trials.set_index("run_id")
-    rows = []
-    for _, r in best.iterrows():
-        runs = by_run.loc[[i for i in r["run_ids"] if i in by_run.index]]
-        cells = [_pm(runs[c].mean(), runs[c].std(), 4) if c in runs and runs[c].notna().any() else "—" for c in cols]
-        rows.append([*(_fmt_value(r[k]) for k in settings), r["method"], str(len(runs)), *cells])
-    return _markdown([*settings, "method", "seeds", *(c[len("summary/final_"):] for c in cols)], rows)
+    return _per_best_config(best, trials, lambda runs: [
+        _pm(runs[c].mean(), runs[c].std(), 4) if c in runs and runs[c].notna().any() else "—" for c in cols],
+        [c[len("summary/final_"):] for c in cols])
