@@ -139,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
 STATUS_WORDS = ("finished", "diverged", "stopped", "failed", "incomplete", "interrupted", "running")
 
 
-def sweep_outcome(result: dict, sweep_path: str) -> str:
+def sweep_outcome(result: dict, sweep_path: str, reporting: bool = False) -> str:
     """The last lines of ``fedsweep tune``: the trials' outcomes, each failure's error once, the runs
     that ended without their summary (and why), what stopped the sweep and what recovers it (only a
     command that works: ``--resume`` when the sweep's record and Ray Tune's are whole, else
     ``--restart``), MLflow records kept on disk, where Ray's logs are kept if something went wrong,
-    and what to run next."""
+    and what to run next (``reporting``: the report is made next, and says where it went)."""
     from fedsweep.runs.tracking import ui_command
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.items()) if k in STATUS_WORDS)
     lines = [f"sweep stopped: {result['stopped_by']}"] if result.get("stopped_by") else []
@@ -176,8 +176,9 @@ def sweep_outcome(result: dict, sweep_path: str) -> str:
     if result.get("ray_session_kept") and (result["unfinished"] or result.get("failed") or result.get("stopped_by")):
         lines.append(f"Ray's logs of it: {result['ray_session']}/logs")
     lines += [f"MLflow parent run {result['parent_run_id']} in experiment {result['experiment']!r}",
-              f"compare the trials:  {ui_command(result['tracking_uri'], sweep=sweep_path)}",
-              f"report:              fedsweep report {sweep_path}"]
+              f"compare the trials:  {ui_command(result['tracking_uri'], sweep=sweep_path)}"]
+    if not reporting:   # else the report, made next, says where it is and how to remake it
+        lines.append(f"report:              fedsweep report {sweep_path}")
     return "\n".join(lines)
 
 
@@ -230,9 +231,10 @@ def _dispatch(args) -> int:
                             dry_run=args.dry_run, storage=args.storage, show_all=args.all)
         if args.dry_run:
             return 0
-        print(sweep_outcome(result, args.sweep))
         status = tune_status(result)
-        if status in (0, 4) and not args.no_report and os.environ.get("FEDSWEEP_NO_REPORT", "") in ("", "0"):
+        reporting = status in (0, 4) and not args.no_report and os.environ.get("FEDSWEEP_NO_REPORT", "") in ("", "0")
+        print(sweep_outcome(result, args.sweep, reporting))
+        if reporting:
             _report_after_tune(args.sweep)
         return status
     if args.command == "report":
@@ -257,20 +259,27 @@ def _report_after_tune(sweep_path: str) -> None:
     """``tune``'s report of a sweep whose trials all ended: ``fedsweep report`` with its defaults; a
     report that cannot be made costs one line (the sweep's runs are in MLflow all the same)."""
     try:
-        _report(argparse.Namespace(sweep=sweep_path, out=None))
+        _report(argparse.Namespace(sweep=sweep_path, out=None), remake=True)
     except ConfigError as e:
-        print(f"fedsweep: the report was not made: {e}", file=sys.stderr)
+        print(f"fedsweep: the report was not made: {e}; make it with: fedsweep report {sweep_path}", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 - the sweep ended as it says; its report is `fedsweep report` again
         print(f"fedsweep: the report was not made ({type(e).__name__}: {str(e)[:200]}); "
               f"make it with: fedsweep report {sweep_path}", file=sys.stderr)
 
 
-def _report(args) -> int:
+def _report(args, remake: bool = False) -> int:
     """``fedsweep report``: the sweep file and ``--out`` are checked before MLflow is read
-    (:func:`fedsweep.api.sweep_report`, which ``fedsweep.report`` shares)."""
+    (:func:`fedsweep.api.sweep_report`, which ``fedsweep.report`` shares); its verdicts, a line each, after
+    where it was written (``remake``: and how to make it again, after ``tune``)."""
     from fedsweep.api import sweep_report
-    path = sweep_report(args.sweep, args.out, option="--out", quiet=False).path
-    print(f"wrote {path} (+ plots in {os.path.dirname(path) or '.'})")
+    from fedsweep.reports.tables import verdict_lines
+    result = sweep_report(args.sweep, args.out, option="--out", quiet=False)
+    again = f"; remake it with: fedsweep report {args.sweep}" if remake else ""
+    print(f"report: wrote {result.path} (+ plots in {os.path.dirname(result.path) or '.'}){again}")
+    reference = result.comparisons["reference"].iloc[0] if len(result.comparisons) and \
+        "reference" in result.comparisons else None
+    for line in verdict_lines(result.comparisons, reference):
+        print(line)
     return 0
 
 

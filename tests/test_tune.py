@@ -1,5 +1,7 @@
 """`fedsweep tune` through a real Ray Tune run into a real (temporary) MLflow store."""
+import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -11,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -63,7 +66,10 @@ def finished_sweep(tmp_path_factory):
         # 8 trials at once on 2 cores: only the driver writes MLflow, so nothing may be lost
         path = write_sweep(tmp / "tiny.yaml", "tiny", seeds=[0, 1], max_concurrent=8,
                            resources={"cpu": 0.25})
-        assert main(["tune", path]) == 0
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["tune", path]) == 0
+        (tmp / "tune.out").write_text(printed.getvalue())
         assert not ray_processes_of(os.getpgid(0))      # the local Ray instance is gone
         yield tmp, uri, path
 
@@ -146,10 +152,26 @@ def test_the_driver_writes_no_second_copy_of_the_metrics_or_artifacts(finished_s
     assert not any(name.startswith("events.out.tfevents") for name in written), written
 
 
+def test_tune_ends_with_where_the_report_is_and_a_line_per_verdict(finished_sweep):
+    tmp, _, path = finished_sweep
+    lines = (tmp / "tune.out").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("report: wrote reports/tiny/report.md"))
+    assert lines[at].endswith(f"; remake it with: fedsweep report {path}")
+    assert not any(line.startswith("report:   ") for line in lines)     # no to-do line once it is written
+    assert lines[at + 1].startswith("verdicts against fedavg (paired by seed;")
+    verdicts = lines[at + 2:]
+    comparisons = pd.read_csv(tmp / "reports" / "tiny" / "comparisons.csv")
+    assert len(verdicts) == len(comparisons) and len(verdicts) >= 1
+    for line, (_, c) in zip(verdicts, comparisons.iterrows()):
+        assert line.split()[1] == c["method"] and line.split()[-1] == c["verdict"].split()[-1]
+        assert f"{c['n_seeds']} seeds" in line
+
+
 def test_report_from_the_store(finished_sweep, capsys):
     tmp, _, path = finished_sweep
     out = tmp / "report"
     assert main(["report", path, "--out", str(out)]) == 0
+    assert "verdicts against fedavg" in capsys.readouterr().out
     text = (out / "report.md").read_text()
     assert "fedavg" in text and "fedlga" in text
     assert (out / "accuracy_curves.png").stat().st_size > 0 and (out / "rounds_to_target.png").stat().st_size > 0

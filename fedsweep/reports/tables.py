@@ -196,3 +196,21 @@ def _own_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
     return _per_best_config(best, trials, lambda runs: [
         _pm(runs[c].mean(), runs[c].std(), 4) if c in runs and runs[c].notna().any() else "—" for c in cols],
         [c[len("summary/final_"):] for c in cols])
+
+
+def verdict_lines(table: pd.DataFrame, reference: str | None) -> list[str]:
+    """What ``fedsweep tune`` and ``fedsweep report`` print at their end: a line per comparison with the
+    reference (setting, method, metric: difference, adjusted 95% interval, paired seeds, verdict), the
+    columns aligned; [] without a reference or a comparison."""
+    if reference is None or table is None or not len(table):
+        return []
+    rows = []
+    for _, r in table.iterrows():
+        digits = 1 if r["metric"] == "rounds_to_target" else 4
+        metric = str(r["metric"]).removeprefix("summary/").replace("_", " ")
+        what = (f"{_signed(r['difference'], digits)} {_interval(r['adj_ci_low'], r['adj_ci_high'], digits)}"
+                if _present(r["difference"]) else "—")
+        rows.append([str(r["setting"] or "—"), str(r["method"]), metric, what, f"{r['n_seeds']} seeds", str(r["verdict"])])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [f"verdicts against {reference} (paired by seed; difference [Holm-adjusted 95% interval]):",
+            *("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)]
