@@ -92,7 +92,17 @@ def test_signed_rank_p_is_scipys_exact_wilcoxon_without_ties():
         assert p_value(d, RANK) == pytest.approx(stats.wilcoxon(d, method="exact").pvalue)
 
 
-def test_beyond_sixteen_seeds_the_patterns_are_drawn_once_and_the_same_each_time():
+def test_up_to_24_seeds_every_sign_pattern_counts():
+    """Met in the middle, the p of 20 pairs is the share of all 2^20 patterns (brute force here) at least
+    as extreme, and the signed-rank one scipy's exact Wilcoxon."""
+    d = np.random.default_rng(5).normal(0.2, 1.0, 20)
+    signs = 1.0 - 2.0 * ((np.arange(2 ** 20)[:, None] >> np.arange(20)) & 1)
+    assert p_value(d, MEAN) == pytest.approx(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-9), abs=1e-12)
+    assert p_value(d, RANK) == pytest.approx(stats.wilcoxon(d, method="exact").pvalue)
+    assert smallest_p(24) == 2 / 2 ** 24
+
+
+def test_beyond_24_seeds_the_patterns_are_drawn_once_and_the_same_each_time():
     d = np.random.default_rng(0).normal(0.004, 0.01, 30)
     first = p_value(d, MEAN)
     assert first == p_value(d, MEAN) and abs(first - stats.ttest_1samp(d, 0).pvalue) < 0.02
@@ -315,6 +325,19 @@ def test_one_paired_seed_is_not_tested():
     row = called([0.8], [0.9])
     assert row["verdict"] == "not tested" and row["test"] == "none" and math.isnan(row["p_adjusted"])
     assert math.isnan(row["ci_low"]) and "1 paired seed: no test" in row["note"]
+
+
+def test_comparisons_that_cannot_be_tested_are_not_in_holms_family():
+    """A method better on 8 of 8 seeds reads `better` alone and beside 7 one-seed comparisons (which can
+    call nothing), with the same adjusted p."""
+    better = [r + 0.05 for r in REFERENCE]
+    alone = called(better, REFERENCE)
+    values = {("all", "ref"): seeds(REFERENCE), ("all", "m"): seeds(better),
+              **{("all", f"one{i}"): seeds([0.5]) for i in range(7)}}
+    table = comparison_table(values, "ref", {"metric": ACCURACY}).set_index("method")
+    assert alone["verdict"] == table.loc["m", "verdict"] == "better"
+    assert table.loc["m", "p_adjusted"] == alone["p_adjusted"]
+    assert (table.drop("m")["verdict"] == "not tested").all()
 
 
 def test_a_setting_without_the_reference_is_not_compared():

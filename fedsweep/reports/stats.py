@@ -11,7 +11,7 @@ choice: the ``runs_column`` it names).
   in [0, 1], rounds to target in [1, R]); one seed has none (NaN).
 - **One estimand and one test per metric** (:func:`compare`), on the seeds both methods ran:
   accuracy: the mean paired difference, tested by the exact paired sign-flip permutation test of
-  its sum (all 2^n sign patterns up to 16 seeds, 20,000 fixed random ones beyond); rounds to target:
+  its sum (all 2^n sign patterns up to 24 seeds, 20,000 fixed random ones beyond); rounds to target:
   the Hodges–Lehmann estimate (the median of the paired differences' Walsh averages), tested by the
   exact signed-rank test, the same sign-flip test on the differences' signed ranks. A run that never
   reached the target (or diverged, or was stopped early) is censored: it counts as R + 1 rounds (R
@@ -21,7 +21,8 @@ choice: the ``runs_column`` it names).
   is not rejected, so an interval holds 0 exactly when the test at its level does not reject). Cut
   to what a difference can be (±1 for accuracy, ±R for rounds). With n seeds the smallest p is
   2 / 2^n: 0.0625 at 5, so 5 seeds never reject at 0.05 and their interval is the whole range.
-- **Holm** (:func:`holm`, :func:`holm_levels`) over every comparison of one report: its step-down
+- **Holm** (:func:`holm`, :func:`holm_levels`) over the comparisons of one report that can be tested
+  (two paired seeds or more: one with fewer is ``not tested`` and cannot be called): its step-down
   rejects the j-th smallest p below α / (m − j + 1) while each before it was rejected. The adjusted
   interval (``adj_ci_low``, ``adj_ci_high``) of a called comparison is at the level Holm called it,
   of the others at the level Holm stopped at, α / (m − r) with r called; so it excludes 0 exactly
@@ -263,17 +264,19 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
     ``looks`` (with ``order``, the confirm seeds in the order they run): a sequential confirm stage
     looks after the first ``looks[k]`` seeds of ``order``. Each look tests, at its share of α
     (:func:`spent`), the comparisons not yet answered that have seeds of that look; Holm runs over
-    every comparison, those called at earlier looks taking its first steps. A comparison ``better``,
+    every comparison that can be tested (two paired seeds), those called at earlier looks taking its first
+    steps. A comparison ``better``,
     ``worse`` or ``equivalent`` stops there (``stop_reason`` ``answered``); one still inconclusive
     at the last look: ``max_seeds reached``; one without the seeds of the next look: ``open`` (the
     driver runs them next, or the sweep was cut short). Without ``looks``: one look on every seed
     (``fixed seeds``)."""
     pairs = _pairs_to_compare(values, reference, metrics)
-    family = len(pairs)
+    # Holm's family: the comparisons that can be tested (a pair without two paired seeds can call nothing)
+    family = sum(len(_paired(p["frame"], p["ref"], p["spec"])) >= 2 for p in pairs)
     plan = list(looks) if looks else [None]
     alphas = spent(plan) if looks else [ALPHA]
     final: dict[int, dict] = {}
-    pending, called_before = list(range(family)), 0
+    pending, called_before = list(range(len(pairs))), 0
     for k, (n, alpha) in enumerate(zip(plan, alphas)):
         before = plan[k - 1] if k else 0
         tested, idle = [], []
@@ -301,7 +304,7 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
             final[row["index"]] = row
             if not answered:
                 pending.append(row["index"])
-    rows = [final[i] for i in range(family)]
+    rows = [final[i] for i in range(len(pairs))]
     table = pd.DataFrame(rows, columns=[*COLUMNS, "p", "d"])
     table["mde"] = table["power_mde"].where(table["verdict"] == "inconclusive")
     table["margin"] = [pair["spec"].margin for pair in pairs]
