@@ -33,6 +33,8 @@ def assert_members_match(cfgs, packed, atol=1e-5):
 
 def family_raw(name: str, **over) -> dict:
     raw = tiny_raw(algorithm={"name": name}, **over)
+    if get_algorithm_class(name).local_buffers:     # FedBN: a BatchNorm model, on the loop engine
+        raw["model"] = {"name": "mlp", "options": {"hidden": 16, "batchnorm": True}}
     if get_algorithm_class(name).needs_server_data:
         raw["server_data"] = {"fraction": 0.05, "steps": 2, "lr": 0.1, "batch_size": 16}
     return raw
