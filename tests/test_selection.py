@@ -5,6 +5,7 @@ updates), a clearly worse arm, a validation split and a confirm stage gets the r
 from __future__ import annotations
 
 import csv
+import re
 import time
 
 import pytest
@@ -163,9 +164,15 @@ def test_an_a_a_pair_reads_equivalent_and_a_worse_arm_worse(tmp_path, monkeypatc
     assert optimistic > 0                                  # the best over rounds would have read higher
     assert parent.data.metrics["fedprox/test_accuracy"] == 0   # diverged on every seed: scored 0
     # each verdict on the parent run, as a tag in words and its adjusted interval as metrics
-    assert parent.data.tags["fedsweep.verdict.fedprox/test_accuracy"].startswith("worse -0.")
-    assert parent.data.tags["fedsweep.verdict.fedprox/test_accuracy"].endswith("], 8 seeds vs fedavg")
+    assert parent.data.tags["verdict/fedprox/acc"].startswith("worse -0.")
+    assert parent.data.tags["verdict/fedprox/acc"].endswith("] · 8 seeds") and parent.data.tags["verdict/reference"] == "fedavg"
     assert parent.data.metrics["fedprox/test_accuracy_adj_high"] < 0 < parent.data.metrics["fedprox/rounds_to_target_adj_low"]
-    assert parent.data.tags["fedsweep.verdict.fedcm/rounds_to_target"] == "equivalent +0.0 [+0.0, +0.0], 8 seeds vs fedavg"
+    assert parent.data.tags["verdict/fedcm/rounds"] == "equivalent +0.0 [+0.0, +0.0] · 8 seeds"
+    # the sweep's counts, every trial's: 6 tuning (3 methods x 2 lr, seed 0) and 24 confirm runs
+    assert (parent.data.tags["sweep.trials"], parent.data.tags["sweep.seeds"]) == ("30", "[0]")
+    assert parent.data.tags["sweep.confirm_seeds"] == str(confirm)
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("## Verdicts against fedavg") and "\\[" in note
+    assert not re.search(r"(?<!\\)[\[\]]", note)          # every bracket escaped: no `[a, b] (x)` reads as a link
     assert sorted({int(r.data.params["seed"]) for r in runs}) == confirm
 

@@ -88,7 +88,8 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     assert sweep_run.data.metrics["fedlga/seeds_reached_target"] == 2
     assert {"report/report.md", "report/trials.csv", "report/comparisons.csv", "report/accuracy_curves.png"} <= \
         {a.path for a in client.list_artifacts(parent, "report")}
-    assert sweep_run.data.tags["mlflow.note.content"].startswith("# Sweep report: tiny")
+    note = sweep_run.data.tags["mlflow.note.content"]
+    assert note.startswith("## Verdicts against fedavg") and "\n# Sweep report: tiny" in note
     assert (tmp / "reports" / "tiny" / "report.md").exists()
     # the children's seedless config, which the UI's Group by turns into one row per config
     assert {(r.data.tags["fedsweep.config"], r.info.run_name) for r in runs} == {

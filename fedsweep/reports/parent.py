@@ -7,8 +7,12 @@ MLflow UI shows it on the run's page). Metric names: ``<method>[ <setting>]/<wha
 the short form of run names (``fedlga ρ0.5/rounds_to_target``), so that the runs table's columns
 group them by method; values are rounded to 4 significant digits (the UI shows them whole). Each
 comparison with the reference is there too: its difference and adjusted interval as metrics
-(``<what>_difference``, ``<what>_adj_low``, ``<what>_adj_high``) and its verdict, in words, as the tag
-``fedsweep.verdict.<method>[ <setting>]/<what>`` ("worse −0.0412 [−0.0590, −0.0230], 8 seeds").
+(``<what>_difference``, ``<what>_adj_low``, ``<what>_adj_high``) and its verdict, in words, as a tag
+whose key the UI shows whole, ``verdict/<method>[ <setting>]/<acc|rounds>`` ("worse −0.0412 [−0.0590,
+−0.0230] · 8 seeds"; the reference in ``verdict/reference``). The description opens on the verdicts'
+table; its brackets are escaped (the UI's markdown reads ``[a, b] (x)`` as a link). The sweep's tags
+``sweep.trials`` and ``sweep.seeds`` count every trial and tuning seed, ``sweep.confirm_seeds`` the
+confirm stage's.
 """
 from __future__ import annotations
 
@@ -68,8 +72,19 @@ def verdict_entries(best: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[dict
                 metrics[f"{name}_{part}"] = float(f"{value:.4g}")
         shown = "" if _missing(c["adj_ci_low"]) else (f" {c['difference']:+.{digits}f} [{c['adj_ci_low']:+.{digits}f}, "
                                                        f"{c['adj_ci_high']:+.{digits}f}]")
-        tags[f"fedsweep.verdict.{name}"] = f"{c['verdict']}{shown}, {int(c['n_seeds'])} seeds vs {c['reference']}"
+        key = metric_name(c["method"], where.get(c["setting"], ""), "rounds" if digits == 1 else "acc")
+        tags[f"verdict/{key}"] = f"{c['verdict']}{shown} · {int(c['n_seeds'])} seeds"
+        tags["verdict/reference"] = str(c["reference"])
     return metrics, tags
+
+
+def sweep_counts(trials: pd.DataFrame) -> dict[str, str]:
+    """The parent's ``sweep.trials`` (every trial, confirm runs too), ``sweep.seeds`` (the tuning stage's)
+    and ``sweep.confirm_seeds`` (the confirm stage's, where it ran), as the runs in the store have them."""
+    stage = trials["stage"] if "stage" in trials else pd.Series("tune", index=trials.index)
+    seeds = {s: sorted(int(x) for x in trials.loc[stage == s, "seed"].dropna().unique()) for s in ("tune", "confirm")}
+    return {"sweep.trials": str(len(trials)), "sweep.seeds": str(seeds["tune"]),
+            **({"sweep.confirm_seeds": str(seeds["confirm"])} if seeds["confirm"] else {})}
 
 
 def _short_setting(row, settings) -> str:
@@ -83,9 +98,9 @@ def _missing(v) -> bool:
 
 
 def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: str,
-                  comparisons: pd.DataFrame | None = None) -> None:
+                  comparisons: pd.DataFrame | None = None, trials: pd.DataFrame | None = None) -> None:
     """Replace the parent run's ``report/`` artifacts with ``out_dir``'s files, log the selected
-    results as metrics and ``note`` (markdown) as its description."""
+    results as metrics, ``note`` (markdown) as its description and, with ``trials``, the sweep's counts."""
     import tempfile
 
     from mlflow.entities import Metric, RunTag
@@ -103,19 +118,21 @@ def log_to_parent(client, run_id: str, out_dir: Path, best: pd.DataFrame, note: 
         note = note[:NOTE_LIMIT - 80].rsplit("\n", 1)[0] + "\n\n… (cut: the whole report is report/report.md)"
     for i in range(0, len(metrics), 1000):   # MLflow takes 1,000 metrics a call
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    counts = sweep_counts(trials) if trials is not None else {}
     tags = [RunTag("mlflow.note.content", note), RunTag("fedsweep.reports", "report/report.md"),
-            *(RunTag(k[:250], v) for k, v in verdict_tags.items())]
+            *(RunTag(k[:250], v) for k, v in {**verdict_tags, **counts}.items())]
     for i in range(0, len(tags), 100):   # MLflow takes 100 tags a call
         client.log_batch(run_id, tags=tags[i:i + 100])
 
 
-def note_text(lines: list[str]) -> str:
-    """The parent run's description: the report's text down to its all-configs table, without the
-    images (the run's artifacts hold them, under report/)."""
+def note_text(lines: list[str], verdicts: list[str] | None = None) -> str:
+    """The parent run's description: ``verdicts`` (the verdict table's lines) first, then the report's
+    text down to its all-configs table, without the images (the run's artifacts hold them, under
+    report/), its brackets escaped so that no ``[a, b] (x)`` reads as a link."""
     kept = []
-    for line in lines:
+    for line in [*(verdicts or []), *lines]:
         if line.startswith("## All configs"):
             break
         if not line.startswith("!["):
-            kept.append(line)
+            kept.append(line.replace("[", "\\[").replace("]", "\\]"))
     return "\n".join(kept).strip() + "\n\nThe whole report, its plots and tables: this run's artifacts, report/."

@@ -214,3 +214,19 @@ def verdict_lines(table: pd.DataFrame, reference: str | None) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [f"verdicts against {reference} (paired by seed; difference [Holm-adjusted 95% interval]):",
             *("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)]
+
+
+def verdict_table(table: pd.DataFrame, reference: str | None) -> list[str]:
+    """The parent run's first lines: a markdown table of the verdicts against the reference (setting,
+    method, metric, difference [adjusted 95% interval], paired seeds, verdict); [] without any."""
+    if reference is None or table is None or not len(table):
+        return []
+    rows = []
+    for _, r in table.iterrows():
+        digits = 1 if r["metric"] == "rounds_to_target" else 4
+        rows.append([str(r["setting"] or "—"), str(r["method"]), str(r["metric"]).removeprefix("summary/"),
+                     f"{_signed(r['difference'], digits)} {_interval(r['adj_ci_low'], r['adj_ci_high'], digits)}",
+                     str(r["n_seeds"]), f"**{r['verdict']}**" if r["verdict"] in ("better", "worse") else str(r["verdict"])])
+    return [f"## Verdicts against {reference}", "", "Paired by seed; the difference and its Holm-adjusted 95% "
+            "interval (comparisons.csv, and the report below, say how).", "",
+            _markdown(["setting", "method", "metric", "difference [adjusted CI]", "seeds", "verdict"], rows), ""]

@@ -366,11 +366,14 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
     from mlflow.exceptions import MlflowException
 
     from fedsweep.reports.parent import log_to_parent, note_text, parent_run_id
+    from fedsweep.reports.tables import verdict_table
     run_id = parent_run_id(trials)
     if run_id is None:
         return
     try:
-        log_to_parent(client, run_id, out, best, note_text(lines), comparisons)
+        reference = comparisons["reference"].iloc[0] if comparisons is not None and len(comparisons) else None
+        log_to_parent(client, run_id, out, best, note_text(lines, verdict_table(comparisons, reference)), comparisons,
+                      trials)
         if not quiet:
             print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and "
                   f"artifacts (report/), each method's selected result and verdict as its metrics and tags")
