@@ -126,7 +126,7 @@ def test_an_a_a_pair_reads_equivalent_and_a_worse_arm_worse(tmp_path, monkeypatc
             "base": {"rounds": 30, "clients_per_round": 4, "device": "cpu", "model": {"name": "mlp", "options": {"hidden": 32}},
                      "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "iid"},
                               "validation_fraction": 0.1},
-                     "local": {"steps": 3, "batch_size": 10, "lr": 0.1}, "eval": {"every": 1, "target_accuracy": 0.7}},
+                     "local": {"steps": 3, "batch_size": 10, "lr": 0.1}, "eval": {"every": 1, "target_accuracy": 0.6}},
             "methods": {"fedavg": {}, "fedcm": {"algorithm.alpha": [1.0]}, "fedprox": {"algorithm.mu": [1000.0]}},
             "grid": {"local.lr": [0.05, 0.1]},
             "seeds": [0], "confirm": {"seeds": confirm}, "max_concurrent": 2,
@@ -138,8 +138,8 @@ def test_an_a_a_pair_reads_equivalent_and_a_worse_arm_worse(tmp_path, monkeypatc
     verdicts = {(r["method"], r["metric"]): r for r in rows}
     for metric in ("summary/test_accuracy_at_best_val", "rounds_to_target"):
         same = verdicts[("fedcm", metric)]
-        assert same["verdict"] == "equivalent" and float(same["adj_ci_low"]) == float(same["adj_ci_high"]) == 0
         assert same["n_seeds"] == "8"                                 # the confirm seeds, paired
+        assert same["verdict"] == "equivalent" and float(same["adj_ci_low"]) == float(same["adj_ci_high"]) == 0
         worse = verdicts[("fedprox", metric)]
         assert worse["verdict"] == "worse"
         assert (float(worse["adj_ci_high"]) < 0) if metric != "rounds_to_target" else (float(worse["adj_ci_low"]) > 0)

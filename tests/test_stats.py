@@ -267,12 +267,26 @@ def test_censored_rounds_are_ranked_and_their_direction_agrees_with_the_test():
     row = called(method, reference, EVERY_ROUND)
     assert (row["censored_method"], row["censored_reference"]) == (1, 0) and row["verdict"] == "inconclusive"
     late = np.subtract([20, 61, 24, 22, 21, 23, 20, 22], reference)
-    assert row["p_adjusted"] == pytest.approx(p_value(late, RANK)) and "the estimate is a bound" in row["note"]
+    assert row["p_adjusted"] == pytest.approx(p_value(late, RANK)) and "the estimate counts them at R + 1" in row["note"]
     assert row["difference"] == pytest.approx(estimate(late, RANK))
     never = called([math.nan] * 8, reference, EVERY_ROUND)
     assert never["verdict"] == "worse" and never["censored_method"] == 8 and never["p_adjusted"] == pytest.approx(2 / 256)
-    neither = called([math.nan] * 8, [math.nan] * 8, EVERY_ROUND)
-    assert neither["verdict"] == "equivalent" and neither["censored_reference"] == 8
+    assert never["adj_ci_low"] > 0 and never["adj_ci_high"] == never["ci_high"] == 60   # open: it could be later still
+
+
+def test_censored_pairs_never_make_an_equivalence_and_open_their_side():
+    """Neither method reaching the target on any seed is no evidence of equal speed: `+0 [0, 0]` read
+    `equivalent` before; now the interval is open on both sides (to ±R) and the call inconclusive. The
+    reference at round 19 of R = 20 and the method never: `worse`, its interval [2, 20], not [2, 2]."""
+    neither = called([math.nan] * 12, [math.nan] * 12, EVERY_ROUND)
+    assert neither["verdict"] == "inconclusive" and neither["censored_reference"] == 12
+    assert (neither["adj_ci_low"], neither["adj_ci_high"]) == (-60, 60) and "censored runs leave" in neither["note"]
+    short = replace(EVERY_ROUND, horizon=20, high=20)
+    late = called([math.nan] * 12, [19] * 12, short)
+    assert late["verdict"] == "worse" and (late["adj_ci_low"], late["adj_ci_high"]) == (2, 20)
+    # a censored reference opens the lower side: a method reaching sooner is `better` on the upper bound
+    sooner = called([10] * 12, [math.nan] * 6 + [15] * 6, short)
+    assert sooner["verdict"] == "better" and sooner["adj_ci_low"] == -20 and sooner["adj_ci_high"] < 0
 
 
 def test_a_difference_inside_the_resolution_is_not_called_and_at_every_round_it_is():

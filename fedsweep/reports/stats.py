@@ -15,7 +15,14 @@ choice: the ``runs_column`` it names).
   the Hodges–Lehmann estimate (the median of the paired differences' Walsh averages), tested by the
   exact signed-rank test, the same sign-flip test on the differences' signed ranks. A run that never
   reached the target (or diverged, or was stopped early) is censored: it counts as R + 1 rounds (R
-  the run length), later than every run that reached, which only its rank uses.
+  the run length), later than every run that reached, which only its rank uses (the estimate). Its
+  true difference is unbounded on one side (the method's censored run could be later still: no upper
+  end; the reference's: no lower end), so the intervals and the test of such a comparison hold every
+  value the censored runs could take: the lower end from the differences with each censored run of the
+  reference as late as can be (a difference below −R), the upper end with each of the method's so
+  (above R), the ends cut to ±R, and its p that of the side a call would be on (worst-case, Manski-style
+  bounds; without censored runs both are the observed differences). A call, `equivalent` too, then holds
+  whatever the censored runs hide; where they decide it, nothing is called.
 - **Intervals of a difference** are the tests inverted: every shift δ the same test does not reject
   on the differences minus δ (found by bisection from the estimate outward, starting past 0 where 0
   is not rejected, so an interval holds 0 exactly when the test at its level does not reject). Cut
@@ -180,19 +187,54 @@ def _tested(d: np.ndarray, kind: str, span: float, seeds: str = "paired seed") -
             "test": f"{TESTS[kind]} ({exact})", "note": ""}
 
 
+def extremes(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric,
+             d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lowest, highest) paired differences the censored runs allow: the reference's censored runs as
+    late as can be (a difference of −(span + 1), below any observed), then the method's (+(span + 1));
+    ``d`` twice without censored runs."""
+    if not metric.censored:
+        return d, d
+    pairs = _paired(method_values, reference_values, metric)
+    beyond = metric.span + 1
+    return np.where(pairs["r"].isna(), -beyond, d), np.where(pairs["m"].isna(), beyond, d)
+
+
+def _bounds(row: dict, kind: str, level: float, span: float) -> tuple[float, float]:
+    """The interval at ``level`` that holds every difference the censored runs allow: the lower end of
+    the lowest differences' interval, the upper end of the highest's (both the observed ones' without)."""
+    low = interval(row["d_low"], kind, level, span)[0]
+    high = interval(row["d_high"], kind, level, span)[1]
+    return low, high
+
+
+def _worst_p(d_low: np.ndarray, d_high: np.ndarray, kind: str) -> float:
+    """p of the side a call would be on, where censored runs leave the differences between ``d_low`` and
+    ``d_high``: the lowest ones' where even they lie above 0, the highest ones' where even they lie below,
+    else 1; so p < level exactly when :func:`_bounds` at that level leaves out 0."""
+    if estimate(d_low, kind) > 0:
+        return p_value(d_low, kind)
+    if estimate(d_high, kind) < 0:
+        return p_value(d_high, kind)
+    return 1.0
+
+
 def compare(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric: Metric) -> dict:
     """One method against the reference on one metric, paired by seed: ``n_seeds, difference,
     ci_low, ci_high, p`` (unadjusted), ``test, censored_method, censored_reference, note`` and the
     paired differences ``d``. The adjusted interval and the verdict need every comparison's p:
     :func:`comparison_table` adds them."""
     d, cm, cr = differences(method_values, reference_values, metric)
-    row = {"n_seeds": len(d), "censored_method": cm, "censored_reference": cr, "d": d,
-           **_tested(d, metric.kind, metric.span)}
+    d_low, d_high = extremes(method_values, reference_values, metric, d)
+    row = {"n_seeds": len(d), "censored_method": cm, "censored_reference": cr, "d": d, "d_low": d_low,
+           "d_high": d_high, **_tested(d, metric.kind, metric.span)}
     if len(d) < 2:
         return row
     notes = []
     if cm or cr:
-        notes.append("censored runs count as later than every run that reached: the estimate is a bound")
+        notes.append("censored runs: the estimate counts them at R + 1, the interval and p hold every value "
+                     "they could take")
+        row["ci_low"], row["ci_high"] = _bounds(row, metric.kind, ALPHA, metric.span)
+        row["p"] = _worst_p(d_low, d_high, metric.kind)
     if _constant(d):
         notes.append("the same on every seed" if abs(d[0]) < TOLERANCE else f"every paired difference is {d[0]:+.4g}")
     return {**row, "note": "; ".join(notes)}
@@ -204,7 +246,9 @@ def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, f
     if row["n_seeds"] < 2 or math.isnan(level):
         return "not tested", note, math.nan, math.nan
     d = row["d"]
-    low, high = interval(d, metric.kind, level, metric.span, row["difference"])
+    censored = bool(row["censored_method"] or row["censored_reference"])
+    low, high = _bounds(row, metric.kind, level, metric.span) if censored else \
+        interval(d, metric.kind, level, metric.span, row["difference"])
     notes = [note] if note else []
     if smallest_p(len(d)) >= level:
         notes.append(f"{len(d)} seeds cannot reach the adjusted level {level:.3g} (their smallest p is "
@@ -219,6 +263,10 @@ def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, f
         called = "equivalent"
     else:
         called = "inconclusive"
+        if censored and metric.margin > 0:
+            seen = interval(d, metric.kind, level, metric.span, row["difference"])
+            if -metric.margin < seen[0] and seen[1] < metric.margin:
+                notes.append("not equivalent: censored runs leave the difference unbounded")
         if below and (low > 0 or high < 0):
             notes.append(f"below resolution (±{metric.resolution:g}: rounds are seen every {metric.resolution:g})")
     return called, "; ".join(notes), low, high
