@@ -63,6 +63,14 @@ def test_confirm_seeds_must_be_fresh_and_the_dry_run_counts_the_stage(tmp_path, 
            "smallest p with 2 paired seeds is 0.5, not below Holm's first level over the report's 4 comparisons, " \
            "0.05/4 = 0.0125; 8 seeds are the fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)" in out
     assert main(["tune", write(tmp_path, confirm={"seeds": list(range(10, 18))}), "--dry-run"]) == 0
+    # enough seeds; but rounds are seen every 5 and the default margin of 2 rounds holds only [0, 0]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: report.margin.rounds 2 is at most half of eval.every 5: rounds to target are seen every 5 "
+                     "rounds, so a difference's interval moves in steps of 2.5 and lies inside ±2 only as [0, 0]; "
+                     "`equivalent` on rounds is then called only where every paired seed reached the target at the "
+                     "same evaluation (a margin above 2.5, or eval.every below 4, lets it be called)"]
+    wide = write(tmp_path, confirm={"seeds": list(range(10, 18))}, report={**SWEEP["report"], "margin": {"rounds": 3}})
+    assert main(["tune", wide, "--dry-run"]) == 0
     assert "note:" not in capsys.readouterr().out
     # what the confirm stage would refuse, refused before any trial runs; a boolean is not a seed
     assert main(["tune", write(tmp_path, confirm={"seeds": [-3]}), "--dry-run"]) == 2

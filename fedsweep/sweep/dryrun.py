@@ -52,6 +52,19 @@ def seeds_note(seeds: int, comparisons: int, alpha: float = 0.05, who: str = "")
             "fewest that can call one (`confirm.seeds`, `confirm.max_seeds`)")
 
 
+def rounds_margin_note(margin: float, every: int) -> str:
+    """Why ``report.margin.rounds`` cannot make an `equivalent` where rounds are seen every ``every``
+    rounds: paired differences come in steps of ``every``, their interval's ends in steps of every / 2, so
+    a margin of at most every / 2 holds only the interval [0, 0]; "" where it can."""
+    if every <= 1 or margin <= 0 or margin > every / 2:
+        return ""
+    return (f"report.margin.rounds {margin:g} is at most half of eval.every {every}: rounds to target are seen every "
+            f"{every} rounds, so a difference's interval moves in steps of {every / 2:g} and lies inside ±{margin:g} "
+            f"only as [0, 0]; `equivalent` on rounds is then called only where every paired seed reached the target "
+            f"at the same evaluation (a margin above {every / 2:g}, or eval.every below {2 * margin:g}, lets it be "
+            "called)")
+
+
 def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
     """Print the sweep's trial count, search, packs and trial table to ``out``; check every trial's
     config and the ``report:`` keys as ``tune`` does before running. Returns ``{"trials": count}``."""
@@ -101,6 +114,10 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
                                                           if len(plan) > 1 else "")
         if note:
             print(f"note: {note}", file=out)
+        if compared and target:
+            margin_note = rounds_margin_note(sweep.report.margin.rounds, max(t.config.eval.every for t in methods))
+            if margin_note:
+                print(f"note: {margin_note}", file=out)
     if any(t.sampled for t in methods):
         print("~: drawn by optuna when the config's first trial starts, from its study's results so far", file=out)
     return {"trials": count, "confirm": len(groups) * len(sweep.confirm.seeds) if groups else 0,
