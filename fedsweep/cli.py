@@ -272,7 +272,7 @@ def _report(args, remake: bool = False) -> int:
     (:func:`fedsweep.api.sweep_report`, which ``fedsweep.report`` shares); its verdicts, a line each, after
     where it was written (``remake``: and how to make it again, after ``tune``)."""
     from fedsweep.api import sweep_report
-    from fedsweep.reports.tables import verdict_lines
+    from fedsweep.reports.verdicts import verdict_lines
     result = sweep_report(args.sweep, args.out, option="--out", quiet=False)
     again = f"; remake it with: fedsweep report {args.sweep}" if remake else ""
     print(f"report: wrote {result.path} (+ plots in {os.path.dirname(result.path) or '.'}){again}")

@@ -178,6 +178,27 @@ def test_write_report(store_target, tmp_path):
     assert text.count("`fedlga-") == 4 and text.count("`fedavg-") == 4
 
 
+def test_the_paired_comparisons_as_a_forest_plot_a_latex_table_and_in_the_rounds_table(store_target, tmp_path):
+    """The report shows what the verdicts read: comparisons.png (a row per comparison), verdicts.tex (a
+    booktabs row per comparison, its numbers comparisons.csv's) and each rounds cell's paired verdict."""
+    import pandas as pd
+    path = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "out", reference="fedavg")
+    out, text = path.parent, path.read_text()
+    comparisons = pd.read_csv(out / "comparisons.csv")
+    assert len(comparisons) == 4                 # fedlga at 2 values of rho, on 2 metrics
+    png = (out / "comparisons.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000 and "](comparisons.png)" in text
+    tex = (out / "verdicts.tex").read_text().splitlines()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and tex[-1] == r"\end{tabular}"
+    rows = [line for line in tex if line.startswith("heterogeneity.rho")]
+    assert len(rows) == len(comparisons)
+    for line, (_, c) in zip(rows, comparisons.iterrows()):
+        assert line.endswith((rf"\textbf{{{c['verdict']}}} \\", rf"{c['verdict']} \\")) and f"& {c['n_seeds']} &" in line
+    rounds = text.split("## Rounds to target per setting")[1].split("##")[0]
+    for _, c in comparisons[comparisons["metric"] == "rounds_to_target"].iterrows():
+        assert f"; {c['verdict']}" in rounds or f"; **{c['verdict']}**" in rounds
+
+
 def test_rounds_to_target_png_marks_never_reached(store_target, tmp_path):
     best = best_configs(config_table(load_trials(store_target, EXPERIMENT, SWEEP)))
     best.loc[best["method"] == "fedlga", "reached"] = 0
@@ -270,10 +291,11 @@ def test_rounds_per_setting_table_with_speedups(store_target, tmp_path):
     section = text.split("## Rounds to target per setting")[1].split("##")[0]
     assert "speed-up over fedavg" in section
     assert "| setting | fedavg | fedlga |" in section                        # reference column first
-    assert "| heterogeneity.rho=0.1 | 21.0 [8.3, 33.7] (1.00×) | 26.0 [13.3, 38.7] (0.81×) |" in section   # 21/26
+    # 21/26, and the paired verdict (2 seeds: nothing can be called)
+    assert "| heterogeneity.rho=0.1 | 21.0 [8.3, 33.7] (1.00×) | 26.0 [13.3, 38.7] (0.81×); inconclusive |" in section
     # 42/50; one seed of two reached the target
-    assert ("| heterogeneity.rho=0.5 | 42.0 [16.6, 60.0] (1.00×) | 50.0 [1 seed: no CI] (0.84×), 1/2 reached |"
-            in section)
+    assert ("| heterogeneity.rho=0.5 | 42.0 [16.6, 60.0] (1.00×) | 50.0 [1 seed: no CI] (0.84×), 1/2 reached; "
+            "inconclusive |" in section)
     plain = write_report(store_target, EXPERIMENT, SWEEP, tmp_path / "noref").read_text()
     assert "| heterogeneity.rho=0.5 | 42.0 [16.6, 60.0] | 50.0 [1 seed: no CI], 1/2 reached |" in plain
     assert "×" not in plain and "No reference method, so no verdicts" in plain
@@ -351,8 +373,9 @@ def test_relative_target_broadcast_reference_and_weight_figures(store_soft, tmp_
     assert "0.9 × the final accuracy of fedavg's best config" in text and "all: 0.7650" in text
     section = text.split("## Rounds to target per setting")[1].split("##")[0]
     # t-intervals [-7.7, 17.7] and [-9.7, 15.7] over two seeds, cut to [1 round, the 8 a run had]
-    assert "| algorithm.temperature=0.1 | 5.0 [1.0, 8.0] (1.00×) | 3.0 [1.0, 8.0] (1.67×) |" in section  # fedavg
-    assert "| algorithm.temperature=1 | 5.0 [1.0, 8.0] (1.00×) | 4.0 [1 seed: no CI] (1.25×), 1/2 reached |" in section
+    assert "| algorithm.temperature=0.1 | 5.0 [1.0, 8.0] (1.00×) | 3.0 [1.0, 8.0] (1.67×); inconclusive |" in section
+    assert ("| algorithm.temperature=1 | 5.0 [1.0, 8.0] (1.00×) | 4.0 [1 seed: no CI] (1.25×), 1/2 reached; "
+            "inconclusive |" in section)
     for name in ("settings_curves.png", "weights_fedsoftmax.png", "accuracy_curves.png", "rounds_to_target.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     assert "](weights_fedsoftmax.png)" in text and "weights_fedavg" not in text
@@ -452,7 +475,7 @@ def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_pat
     never = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedlga")]
     assert never.verdict == "worse" and never.test == "signed-rank (exact)" and never.adj_ci_low > 0
     assert (never.censored_method, never.censored_reference) == (9, 0) and 16 <= never.difference <= 21
-    assert "the estimate is a bound" in never.note
+    assert "the estimate counts them at R + 1" in never.note
     step = rows[("heterogeneity.rho=0.5", "rounds_to_target", "fedcm")]       # 1 round faster, seen every 2
     assert step.verdict == "equivalent" and -2 < step.adj_ci_low and step.adj_ci_high < 0   # inside the margin ±2
     noise = rows[("heterogeneity.rho=0.5", "best/test_accuracy", "fedcm")]
@@ -463,7 +486,7 @@ def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_pat
     assert "paired by seed" in section and "adjusted over the 8 tested comparisons" in section
     assert "| heterogeneity.rho=0.1 | rounds_to_target | fedlga | 10 (fixed seeds) | -11.0 [" in section
     assert (f"| {never.p_adjusted:.3g} | worse | ±{never.power_mde:.1f} | signed-rank (exact) | 9 / 0 | "
-            "censored runs count") in section
+            "censored runs: the estimate counts") in section
     # the lead from rho 0.1 to 0.5: FedLGA's 11 rounds ahead become ~19 behind, tested per seed, not read off
     changes = pd.read_csv(tmp_path / "interactions.csv")
     fedlga = changes[(changes["method"] == "fedlga") & (changes["metric"] == "rounds_to_target")].iloc[0]

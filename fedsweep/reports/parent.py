@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 #: The report's files that go onto the parent run (the plots: every PNG it wrote).
-FILES = ("report.md", "trials.csv", "comparisons.csv")
+FILES = ("report.md", "trials.csv", "comparisons.csv", "verdicts.tex")
 #: MLflow 3.17 keeps a tag value (the description) up to this many characters.
 NOTE_LIMIT = 8000
 

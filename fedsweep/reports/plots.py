@@ -215,7 +215,7 @@ def rounds_to_target_png(best: pd.DataFrame, path: Path, max_rounds: float | Non
                title=title or "best test accuracy per method (no target set; CI clipped to [0, 1])")
     else:
         ax.set(ylabel=f"rounds to target accuracy {target:g}", ylim=(0, top * 1.12 or 1),
-               title=title or "rounds to target per method (mean, 95% CI)")
+               title=title or "rounds to target per method (mean over its own seeds, 95% CI; unpaired)")
     from matplotlib.patches import Patch
     handles = [Patch(color=colors[m], label=m) for m in methods]
     if hatched:

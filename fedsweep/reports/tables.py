@@ -57,13 +57,15 @@ def _best_table(best: pd.DataFrame) -> str:
     return _markdown(header, rows)
 
 
-def _rounds_table(best: pd.DataFrame, reference: str | None) -> str:
+def _rounds_table(best: pd.DataFrame, reference: str | None, comparisons: pd.DataFrame | None = None) -> str:
     """Settings × methods: mean rounds to target with its 95% CI and the speed-up over ``reference``
-    (FedCLG Table I).
+    (FedCLG Table I), and after each method's the verdict of its paired comparison (``comparisons``).
 
     Speed-up = reference's mean rounds / the method's, under the same setting, where both reached the
     target; "k/n reached" says only k of n seeds reached it (their mean and CI are shown)."""
     methods = sorted(best["method"].unique(), key=lambda m: (m != reference, m))
+    called = {} if comparisons is None or not len(comparisons) else {
+        (r["setting"], r["method"]): r["verdict"] for _, r in comparisons.iterrows() if r["metric"] == "rounds_to_target"}
     rows = []
     for label, g in _groups(best):
         ref = g[g["method"] == reference]
@@ -80,6 +82,10 @@ def _rounds_table(best: pd.DataFrame, reference: str | None) -> str:
                 continue
             cell = _ci(r["rtt_ci"], 1) + (f" ({ref_rtt / r['rtt_mean']:.2f}×)" if ref_rtt else "")
             cells.append(cell + (f", {r['reached']}/{r['n']} reached" if r["reached"] < r["n"] else ""))
+        for i, m in enumerate(methods):   # the paired call, beside the unpaired means
+            verdict = called.get((label or "all", m))
+            if verdict and cells[i]:
+                cells[i] += f"; **{verdict}**" if verdict in ("better", "worse") else f"; {verdict}"
         rows.append([label or "all", *cells])
     return _markdown(["setting", *methods], rows)
 
@@ -197,36 +203,3 @@ def _own_table(best: pd.DataFrame, trials: pd.DataFrame) -> str | None:
         _pm(runs[c].mean(), runs[c].std(), 4) if c in runs and runs[c].notna().any() else "—" for c in cols],
         [c[len("summary/final_"):] for c in cols])
 
-
-def verdict_lines(table: pd.DataFrame, reference: str | None) -> list[str]:
-    """What ``fedsweep tune`` and ``fedsweep report`` print at their end: a line per comparison with the
-    reference (setting, method, metric: difference, adjusted 95% interval, paired seeds, verdict), the
-    columns aligned; [] without a reference or a comparison."""
-    if reference is None or table is None or not len(table):
-        return []
-    rows = []
-    for _, r in table.iterrows():
-        digits = 1 if r["metric"] == "rounds_to_target" else 4
-        metric = str(r["metric"]).removeprefix("summary/").replace("_", " ")
-        what = (f"{_signed(r['difference'], digits)} {_interval(r['adj_ci_low'], r['adj_ci_high'], digits)}"
-                if _present(r["difference"]) else "—")
-        rows.append([str(r["setting"] or "—"), str(r["method"]), metric, what, f"{r['n_seeds']} seeds", str(r["verdict"])])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [f"verdicts against {reference} (paired by seed; difference [Holm-adjusted 95% interval]):",
-            *("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)]
-
-
-def verdict_table(table: pd.DataFrame, reference: str | None) -> list[str]:
-    """The parent run's first lines: a markdown table of the verdicts against the reference (setting,
-    method, metric, difference [adjusted 95% interval], paired seeds, verdict); [] without any."""
-    if reference is None or table is None or not len(table):
-        return []
-    rows = []
-    for _, r in table.iterrows():
-        digits = 1 if r["metric"] == "rounds_to_target" else 4
-        rows.append([str(r["setting"] or "—"), str(r["method"]), str(r["metric"]).removeprefix("summary/"),
-                     f"{_signed(r['difference'], digits)} {_interval(r['adj_ci_low'], r['adj_ci_high'], digits)}",
-                     str(r["n_seeds"]), f"**{r['verdict']}**" if r["verdict"] in ("better", "worse") else str(r["verdict"])])
-    return [f"## Verdicts against {reference}", "", "Paired by seed; the difference and its Holm-adjusted 95% "
-            "interval (comparisons.csv, and the report below, say how).", "",
-            _markdown(["setting", "method", "metric", "difference [adjusted CI]", "seeds", "verdict"], rows), ""]

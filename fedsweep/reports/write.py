@@ -20,6 +20,7 @@ from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _co
                                      _markdown, _own_table, _rounds_table)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs, best_configs,
                                     config_table, load_trials, relative_targets, score_column)
+from fedsweep.reports.verdicts import forest_png, verdicts_tex
 from fedsweep.runs.summary import own_metric
 
 
@@ -74,8 +75,11 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
            "better or worse (`below resolution`)." if resolution > 1 else "")
         + " `80% power at`: the difference these seeds would call with 80% power after adjustment (at α/m; "
         "∞: these seeds cannot reach that level). `comparisons.csv` holds every column.")
-    return [f"## Comparisons with {reference}", "", how, "",
-            _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", ""]
+    figure = ["![each method against the reference: paired difference and adjusted interval](comparisons.png)", ""] \
+        if len(comparisons) else []
+    return [f"## Comparisons with {reference}", "", *figure, how, "",
+            _comparisons_table(comparisons) if len(comparisons) else "No method to compare.", "",
+            *(["The same verdicts as a LaTeX (booktabs) table: `verdicts.tex`.", ""] if len(comparisons) else [])]
 
 
 def _interaction_lines(interactions: pd.DataFrame, key: str) -> list[str]:
@@ -235,6 +239,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         search_draws_png(configs, random_first, out / "search_draws.png", title=f"{sweep}: optuna's draws in order")
     trials.to_csv(out / "trials.csv", index=False)
     comparisons.to_csv(out / "comparisons.csv", index=False)
+    forest_png(comparisons, reference, out / "comparisons.png", resolution,
+               title=f"{sweep}: each method against {reference}, paired by seed")
+    verdicts_tex(comparisons, reference, out / "verdicts.tex")
     interactions = t.interactions if t.interactions is not None and len(t.interactions) else None
     if interactions is not None:
         interactions.to_csv(out / "interactions.csv", index=False)
@@ -290,9 +297,12 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
             "## Rounds to target per setting",
             "",
             f"Mean rounds to the target [95% CI] of each method's best config under each setting{ref_text}; "
-            "k/n reached: only k of n seeds reached it (the mean and CI are theirs).",
+            "k/n reached: only k of n seeds reached it (the mean and CI are theirs). These means are each "
+            "method's over its own seeds, unpaired; after each, the verdict of its comparison paired by seed "
+            "(`comparisons.png`, and below), which is what to read: a paired difference can be inconclusive "
+            "where two means and their intervals look apart, and called where they overlap.",
             "",
-            _rounds_table(best, reference),
+            _rounds_table(best, reference, comparisons),
             "",
         ]
     if clients_table is not None:
@@ -366,7 +376,7 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
     from mlflow.exceptions import MlflowException
 
     from fedsweep.reports.parent import log_to_parent, note_text, parent_run_id
-    from fedsweep.reports.tables import verdict_table
+    from fedsweep.reports.verdicts import verdict_table
     run_id = parent_run_id(trials)
     if run_id is None:
         return
