@@ -159,6 +159,21 @@ def test_the_rank_interval_is_the_walsh_average_interval_of_the_exact_signed_ran
     assert estimate(d, RANK) == pytest.approx(np.median(walsh))
 
 
+@pytest.mark.parametrize("d", [[4, -4, 10, 1, -3, -6, 1, 7, -1], [7, -3, 11, -4, 11, -4, 11, -5, 9, 3, 4, -4]])
+def test_a_rank_interval_holds_every_accepted_shift_past_a_gap(d):
+    """Integer differences with ties: the signed-rank test accepts shifts beyond a rejected one (a gap);
+    the interval reaches the farthest accepted shift, the midpoints and Walsh averages all tried by hand."""
+    d = np.asarray(d, float)
+    low, high = interval(d, RANK, 0.05, 60)
+    walsh = np.unique([(a + b) / 2 for k, a in enumerate(d) for b in d[k:]])
+    shifts = np.unique(np.concatenate([walsh, (walsh[1:] + walsh[:-1]) / 2]))
+    accepted = [x for x in shifts if p_value(d, RANK, x) >= 0.05]
+    assert low <= min(accepted) and max(accepted) <= high                  # every accepted shift inside
+    assert p_value(d, RANK, low - 0.01) < 0.05 and p_value(d, RANK, high + 0.01) < 0.05   # and no wider
+    gaps = [x for x in shifts if low < x < high and p_value(d, RANK, x) < 0.05]
+    assert gaps                                              # a gap it reached past
+
+
 def test_intervals_stay_inside_what_a_difference_can_be():
     five = called([0.80, 0.82, 0.79, 0.81, 0.83], [0.91, 0.93, 0.90, 0.94, 0.92])
     assert (five["ci_low"], five["ci_high"]) == (-1.0, 1.0)   # 5 seeds: no shift is rejected at 0.05

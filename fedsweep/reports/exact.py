@@ -132,7 +132,10 @@ def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
              centre: float | None = None) -> tuple[float, float]:
     """The shifts the test does not reject at ``level`` (p ≥ level), cut to ±``bound``: each end found
     by bisection between an accepted shift and a rejected one, the accepted one being 0 where 0 is
-    accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it."""
+    accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it. The
+    signed-rank test's accepted shifts need not be one piece (zeros dropped, ties): beyond each end its
+    Walsh averages, where its statistic changes, are tried too, and the end moved out to the farthest
+    accepted one (the interval is then the hull of the accepted set, short of a rejected 0)."""
     d = np.asarray(d, dtype=float)
     centre = estimate(d, kind) if centre is None else centre
     if smallest_p(len(d)) >= level:     # no shift is rejected: every one the bound allows
@@ -157,10 +160,33 @@ def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
                 accepted = mid
             else:
                 rejected = mid
+        if kind == RANK:
+            accepted = _outermost(d, level, accepted, sign, bound, zero_ok, scale)
         accepted = _snap(float(np.clip(accepted, -bound, bound)), scale)
         return 0.0 if zero_ok and abs(accepted) < 10 * TOLERANCE else accepted   # a tie with 0, as the test sees it
 
     return end(-1.0), end(1.0)
+
+
+def _outermost(d: np.ndarray, level: float, found: float, sign: float, bound: float, zero_ok: bool,
+               scale: float) -> float:
+    """The farthest accepted shift of the signed-rank test beyond ``found`` on side ``sign``: its statistic
+    is constant between consecutive Walsh averages, so each gap's midpoint and each average are tried
+    (a few: an end sits near an extreme quantile of them); a rejected 0 is not crossed."""
+    i, j = np.triu_indices(len(d))
+    walsh = np.unique((d[i] + d[j]) / 2)
+    out = walsh[sign * (walsh - found) > 1e-9 * scale]
+    out = out[np.argsort(sign * out)]                          # nearest first
+    if not zero_ok and sign * (0.0 - found) > 0:
+        out = out[sign * out < 0]                              # short of a rejected 0
+    farthest, previous = found, found
+    for w in out:
+        if abs(w) > bound and abs(previous) >= bound:
+            break
+        if p_value(d, RANK, (previous + w) / 2) >= level or p_value(d, RANK, w) >= level:
+            farthest = w
+        previous = w
+    return farthest
 
 
 def _snap(x: float, scale: float) -> float:
