@@ -197,6 +197,23 @@ def test_the_paired_comparisons_as_a_forest_plot_a_latex_table_and_in_the_rounds
     rounds = text.split("## Rounds to target per setting")[1].split("##")[0]
     for _, c in comparisons[comparisons["metric"] == "rounds_to_target"].iterrows():
         assert f"; {c['verdict']}" in rounds or f"; **{c['verdict']}**" in rounds
+    # across the two settings, descriptive: IQM and P(fedlga > fedavg) from the same per-seed scores, by hand
+    from scipy import stats
+    aggregate = pd.read_csv(out / "aggregate.csv").set_index("method")
+    trials = pd.read_csv(out / "trials.csv")
+    score = "best/test_accuracy"
+    runs = {(m, rho): trials[(trials["method"] == m) & (trials["heterogeneity.rho"] == rho) &
+                             (trials["local.lr"] == lr) & trials["status"].isin(["finished", "diverged"])]
+            for (m, rho), lr in BEST_BY_TARGET.items()}
+    scores = {k: v[score].where(v["status"] != "diverged", 0.0).to_numpy(float) for k, v in runs.items()}
+    for m in ("fedavg", "fedlga"):
+        pooled = np.concatenate([scores[(m, rho)] for rho in (0.1, 0.5)])
+        assert aggregate.loc[m, "iqm"] == pytest.approx(stats.trim_mean(pooled, 0.25))
+        assert aggregate.loc[m, "iqm_low"] <= aggregate.loc[m, "iqm"] <= aggregate.loc[m, "iqm_high"]
+    by_hand = np.mean([np.mean([(a > b) + 0.5 * (a == b) for a in scores[("fedlga", rho)] for b in scores[("fedavg", rho)]])
+                       for rho in (0.1, 0.5)])
+    assert aggregate.loc["fedlga", "p_improvement"] == pytest.approx(by_hand) and math.isnan(aggregate.loc["fedavg", "p_improvement"])
+    assert "## Across settings (descriptive)" in text and (out / "profile.png").stat().st_size > 10_000
 
 
 def test_rounds_to_target_png_marks_never_reached(store_target, tmp_path):

@@ -82,6 +82,25 @@ def _comparison_lines(comparisons, reference: str | None, resolution: float) -> 
             *(["The same verdicts as a LaTeX (booktabs) table: `verdicts.tex`.", ""] if len(comparisons) else [])]
 
 
+def _across_settings(values, configs: pd.DataFrame, reference: str | None, several: bool, out: Path,
+                     sweep: str) -> list[str]:
+    """The report's descriptive "Across settings" section and ``profile.png`` (reports/aggregate.py), where
+    there are several settings and the score is higher-better (not an algorithm's own metric of ``mode:
+    min``)."""
+    from fedsweep.reports.aggregate import aggregate_lines, aggregate_table, profile_png
+    metric = configs.attrs.get("metric")
+    if not several or (metric and own_metric(metric) and configs.attrs.get("mode") == "min"):
+        return []
+    column = score_column(configs.attrs["selected_on"], metric)
+    label = metric or ("test accuracy at best val" if configs.attrs["selected_on"] == "validation" else "best test accuracy")
+    table = aggregate_table(values, column, reference)
+    if not len(table):
+        return []
+    table.to_csv(out / "aggregate.csv", index=False)
+    profile_png(values, column, out / "profile.png", label, title=f"{sweep}: performance profile")
+    return aggregate_lines(table, reference, label)
+
+
 def _interaction_lines(interactions: pd.DataFrame, key: str) -> list[str]:
     """The report's "Does the lead change with <key>?" section."""
     first, last = interactions.iloc[0]["from"], interactions.iloc[0]["to"]
@@ -324,6 +343,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     lines += _comparison_lines(comparisons, reference, resolution)
     if interactions is not None:
         lines += _interaction_lines(interactions, settings[0])
+    lines += _across_settings(t.values, configs, reference, several, out, sweep)
     if several:
         lines += ["![each method across settings](settings_curves.png)", ""]
     if sampled_keys:
