@@ -394,4 +394,9 @@ def test_a_lead_that_grows_with_the_setting_is_tested_not_read_from_two_estimate
     rounds = {("rho=0.1", "fedavg"): seeds([30] * 8, "rounds"), ("rho=0.1", "fedlga"): seeds([28] * 8, "rounds"),
               ("rho=0.9", "fedavg"): seeds([40] * 8, "rounds"), ("rho=0.9", "fedlga"): seeds([30] * 8, "rounds")}
     assert interaction_table(rounds, "fedavg", {"r": EVERY_ROUND}).iloc[0]["verdict"] == "lead grows"
+    # neither reaching the target at 0.9 says nothing of the lead there: not `lead shrinks` from −2 to "0"
+    never = {**rounds, ("rho=0.9", "fedavg"): seeds([math.nan] * 8, "rounds"),
+             ("rho=0.9", "fedlga"): seeds([math.nan] * 8, "rounds")}
+    row = interaction_table(never, "fedavg", {"r": EVERY_ROUND}).iloc[0]
+    assert row["verdict"] == "inconclusive" and row["change"] == 2 and "censored runs" in row["note"]
     assert interaction_table({k: v for k, v in values.items() if k[0] == "rho=0.1"}, "fedavg", {"acc": ACCURACY}).empty
