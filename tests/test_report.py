@@ -214,6 +214,14 @@ def test_the_paired_comparisons_as_a_forest_plot_a_latex_table_and_in_the_rounds
                        for rho in (0.1, 0.5)])
     assert aggregate.loc["fedlga", "p_improvement"] == pytest.approx(by_hand) and math.isnan(aggregate.loc["fedavg", "p_improvement"])
     assert "## Across settings (descriptive)" in text and (out / "profile.png").stat().st_size > 10_000
+    # how often each reaches the target, paired by seed: its own metric and its own Holm family
+    reached = pd.read_csv(out / "reached.csv").set_index("setting")
+    for rho in (0.1, 0.5):
+        share = {m: runs[(m, rho)]["rounds_to_target"].notna().mean() for m in ("fedavg", "fedlga")}
+        row = reached.loc[f"heterogeneity.rho={rho}"]
+        assert row["method"] == "fedlga" and row["difference"] == pytest.approx(share["fedlga"] - share["fedavg"])
+        assert row["verdict"] in ("inconclusive", "not tested")     # 2 seeds can call nothing
+    assert "## Reaching the target" in text
 
 
 def test_rounds_to_target_png_marks_never_reached(store_target, tmp_path):

@@ -196,9 +196,23 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
                                         "rtt": ("rounds_to_target", 1.0, top)})
     comparisons = comparison_table(values, reference, metrics, looks, order)
     interactions = interaction_table(values, reference, metrics) if len(configs.attrs["settings"]) == 1 else None
+    reaching = reach_table(values, reference) if rule == "target" else None
     return SimpleNamespace(trials=trials, runs=runs, configs=configs, best=best, values=values,
                            comparisons=comparisons, interactions=interactions, reference=reference, resolution=resolution, target=target,
-                           thresholds=thresholds, max_rounds=max_rounds)
+                           thresholds=thresholds, max_rounds=max_rounds, reaching=reaching)
+
+
+#: Reaching the target as a metric of its own: 1 if a run reached it, 0 if not (censored, diverged).
+REACHED = Metric("reached", higher_is_better=True, low=0.0, high=1.0)
+
+
+def reach_table(values: dict, reference: str | None) -> pd.DataFrame:
+    """Whether each method reaches the target as often as the reference: per seed 1 if its run reached it,
+    else 0, compared paired by seed as accuracy is (the mean paired difference, the exact sign-flip test;
+    no margin: never `equivalent`), Holm over these rows, a family of their own, on every paired seed
+    (reached.csv). Rounds to target ranks a run that never reached it last; this says how often."""
+    reached = {key: frame.assign(reached=frame["rounds_to_target"].notna().astype(float)) for key, frame in values.items()}
+    return comparison_table(reached, reference, {"reached": REACHED})
 
 
 def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: str | Path,
@@ -264,6 +278,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     interactions = t.interactions if t.interactions is not None and len(t.interactions) else None
     if interactions is not None:
         interactions.to_csv(out / "interactions.csv", index=False)
+    reaching = t.reaching if t.reaching is not None and len(t.reaching) else None
+    if reaching is not None:
+        reaching.to_csv(out / "reached.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
     dupes = trials.attrs["runs_read"] - len(trials)
@@ -343,6 +360,13 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     lines += _comparison_lines(comparisons, reference, resolution)
     if interactions is not None:
         lines += _interaction_lines(interactions, settings[0])
+    if reaching is not None:
+        lines += ["## Reaching the target", "",
+                  f"How often each method reaches the target against {reference}: per seed 1 if its run reached it, "
+                  "else 0 (it ran out of rounds, diverged or was stopped), the mean paired difference (the share of "
+                  "seeds) and the exact sign-flip test, Holm over these rows (a family of their own, on every paired "
+                  "seed). `better`: it reaches the target more often; no margin, so never `equivalent`. "
+                  "`reached.csv` holds every column.", "", _comparisons_table(reaching), ""]
     lines += _across_settings(t.values, configs, reference, several, out, sweep)
     if several:
         lines += ["![each method across settings](settings_curves.png)", ""]
