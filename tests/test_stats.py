@@ -376,7 +376,7 @@ def test_a_setting_without_the_reference_is_not_compared():
 def test_a_lead_that_grows_with_the_setting_is_tested_not_read_from_two_estimates():
     """FedLGA 1 point ahead at rho 0.1 and 4 points at rho 0.9 on every seed: its lead grows; a method
     ahead by the same 2 points at both, give or take noise, is inconclusive, never `lead grows`."""
-    from fedsweep.reports.stats import interaction_table
+    from fedsweep.reports.interactions import interaction_table
     noise = np.array([0.004, -0.003, 0.002, -0.001, 0.003, -0.004, 0.001, -0.002])
     values = {}
     for rho, lead in (("rho=0.1", 0.01), ("rho=0.9", 0.04)):

@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from fedsweep.reports import load_trials
-from fedsweep.reports.stats import Metric, comparison_table, interaction_table
+from fedsweep.reports.interactions import interaction_table
+from fedsweep.reports.stats import Metric, comparison_table
 from fedsweep.runs.tracking import resolve_tracking_uri
 from fedsweep.sweep.spec import expand, load_sweep
 
@@ -132,7 +133,7 @@ def lead_change(cells: pd.DataFrame, cell: Sequence[str], along: str, arms: Sequ
                 rounds: int) -> pd.DataFrame:
     """Whether each arm's lead over ``reference`` changes between the first and the last value of
     ``along``, one of the ``cell`` keys: `fedsweep report`'s own interaction test (interactions.csv's
-    rows, fedsweep.reports.stats.interaction_table) on each arm's per-seed score at those two values,
+    rows, fedsweep.reports.interactions.interaction_table) on each arm's per-seed score at those two values,
     a mean over the other cells at each. ``lead grows``: fewer rounds than the reference by more at
     the last value."""
     values = sorted(cells[along].unique())
