@@ -315,6 +315,21 @@ def test_the_status_line_leads_by_what_selection_ranks():
     line = stream.getvalue().splitlines()[-1]
     assert "leading on val: 2 rounds to 0.8 fast; 0.6000 slow" in line, line
 
+    def status(**options) -> str:
+        """The last status line after the same reports, with rows carrying a per-client metric too."""
+        out = io.StringIO()
+        cb = progress.make_progress_callback(payloads, [[0, 1, 2, 3]], stream=out, settings=["heterogeneity.rho"],
+                                             **options)
+        for index, p10 in ((0, 0.70), (1, 0.75), (3, 0.40)):
+            cb.on_trial_result(0, [trial], trial, {"members": {str(index): {"rows": [
+                {"round": 1, "val/accuracy": 0.99, "served/val_accuracy_p10": p10, "served/accuracy_p10": 1.0}]}}})
+        cb.on_experiment_end([trial])
+        return out.getvalue().splitlines()[-1]
+    # report.metric: ranked by its validation twin, not by accuracy or rounds; none in the confirm stage
+    assert "leading on val by served/val_accuracy_p10: 0.7500 accurate; 0.4000 slow" in \
+        status(metric="served/accuracy_p10")
+    assert "leading" not in status(lead=False)
+
 
 def test_durations_read_as_people_say_them():
     from fedsweep.runs.run import duration

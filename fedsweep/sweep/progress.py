@@ -82,7 +82,8 @@ def setting_of(payload: dict, settings) -> str:
 
 
 def make_progress_callback(payloads: list[dict], units: list[list[int]], store=None, stream=None,
-                           indices: list[int] | None = None, later: str = "pending", settings=()):
+                           indices: list[int] | None = None, later: str = "pending", settings=(),
+                           metric: str | None = None, mode: str = "max", lead: bool = True):
     """A live view of the whole sweep: one line per finished trial and a status line every 10 s with
     the time so far and, once trials report, an estimate of the time left (from the rounds trained
     per second since the first report). Counts come from Tune's list of every trial, so a resumed
@@ -93,8 +94,10 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
     methods are compared under (``report.settings``): the status line shows the run leading on
     validation (on test where runs have no validation split) under each of their values by what
     selection ranks: with a target accuracy, the fewest rounds to it so far (then accuracy; a run
-    that has not reached it ranks below every one that has), else the best accuracy so far. One
-    seed's numbers: selection itself waits for every seed and takes their mean."""
+    that has not reached it ranks below every one that has), else the best accuracy so far; with
+    ``metric`` (``report.metric``, better as ``mode`` says) its best so far (a per-client accuracy: its
+    validation twin where runs have that split). One seed's numbers: selection itself waits for every
+    seed and takes their mean. ``lead`` False (the confirm stage, whose configs are chosen): none shown."""
     from ray import tune
     stage = list(range(len(payloads))) if indices is None else list(indices)
 
@@ -160,7 +163,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             best = ""
             if self.best:
                 split = "val" if any(b[2] == "val" for b in self.best.values()) else "test"
-                best = f" | leading on {split}: " + "; ".join(
+                by = f" by {self._column(split)}" if metric else ""
+                best = f" | leading on {split}{by}: " + "; ".join(
                     f"{text} {name}" for _, (_, name, _, text) in sorted(self.best.items()))
             now, done, total = time.monotonic(), self._rounds_done(trials), self.rounds_total
             from fedsweep.runs.run import duration
@@ -200,15 +204,26 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 self.last_print = time.time()
                 self._print(self._line(trials))
 
+        @staticmethod
+        def _column(split: str) -> str:
+            """What a run is ranked by on ``split``: its accuracy, or ``metric`` (on val its twin)."""
+            if not metric:
+                return f"{split}/accuracy"
+            from fedsweep.runs.summary import own_metric
+            return metric if split == "test" or own_metric(metric) else metric.replace("/accuracy_", "/val_accuracy_")
+
         def _lead(self, trial, index: int, rows: list[dict]):
             """Keep ``index``'s first round at the target and best accuracy (on val where it has a
             validation split) and, if it now leads its setting by selection's ranking, say so."""
+            if not lead:
+                return
             split = "val" if any("val/accuracy" in r for r in rows) else "test"
-            accs = [(r["round"], r[f"{split}/accuracy"]) for r in rows
-                    if math.isfinite(r.get(f"{split}/accuracy", math.nan))]
+            column = self._column(split)
+            accs = [(r["round"], r[column] if mode == "max" or not metric else -r[column]) for r in rows
+                    if math.isfinite(r.get(column, math.nan))]
             if not accs:
                 return
-            target = payloads[index]["run"].get("eval", {}).get("target_accuracy")
+            target = None if metric else payloads[index]["run"].get("eval", {}).get("target_accuracy")
             hit, best = self.seen.get(index, (None, -math.inf))
             if hit is None and (row := first_at_target(rows, target, f"{split}/accuracy")):
                 hit = row["round"]
@@ -218,7 +233,8 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             where = setting_of(payloads[index], settings)
             if where not in self.best or key > self.best[where][0]:
                 self._label(trial, index)      # optuna's drawn values into the payload's name
-                text = f"{hit} rounds to {target:g}" if hit is not None else f"{best:.4f}"
+                shown = -best if metric and mode == "min" else best
+                text = f"{hit} rounds to {target:g}" if hit is not None else f"{shown:.4f}"
                 self.best[where] = (key, payloads[index].get("name") or payloads[index]["label"], split, text)
 
         def on_trial_complete(self, iteration, trials, trial, **info):

@@ -88,7 +88,8 @@ def new_tuner(sweep, trials, payloads, units, root: Storage, store: Storage, swe
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units),
                        make_progress_callback(payloads, units, store,
                                               later="to draw" if studies is not None else "pending",
-                                              settings=sweep.report.settings)]))
+                                              settings=sweep.report.settings, metric=sweep.report.metric,
+                                              mode=sweep.report.mode)]))
 
 
 def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: str, uri, exp_id, parent_id,
@@ -110,4 +111,4 @@ def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: 
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units, adopt),
                        make_progress_callback(payloads, units, store, indices=indices,
-                                              settings=sweep.report.settings)]))
+                                              settings=sweep.report.settings, lead=False)]))
