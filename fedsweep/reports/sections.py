@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsweep.reports.tables import _comparisons_table, _interactions_table
+from fedsweep.reports.tables import _comparisons_table, _interactions_table, _score_label
 from fedsweep.reports.trials import score_column
 from fedsweep.runs.summary import own_metric
 
@@ -52,7 +52,7 @@ def _across_settings(values, configs: pd.DataFrame, reference: str | None, sever
     if not several or (metric and own_metric(metric) and configs.attrs.get("mode") == "min"):
         return []
     column = score_column(configs.attrs["selected_on"], metric)
-    label = metric or ("test accuracy at best val" if configs.attrs["selected_on"] == "validation" else "best test accuracy")
+    label = _score_label(configs.attrs)
     table = aggregate_table(values, column, reference)
     if not len(table):
         return []

@@ -106,9 +106,15 @@ def own_summary(history: list[dict]) -> dict:
     may log none, as q-FFL's where no client returned) and of ``server/loss``, as ``final_<metric>``
     (``qffl/mean_Fq`` -> ``final_qffl_mean_Fq``): what a run's own metrics end at, in the summary (MLflow's
     ``summary/*``, trials.csv, ``fedsweep.tune``'s table), and what ``report.metric`` scores by."""
+    latest = latest_own(history, also=("server/loss",))
+    return {f"final_{k.replace('/', '_')}": v for k, v in latest.items()}
+
+
+def latest_own(history: list[dict], also: tuple[str, ...] = ()) -> dict:
+    """Each of an algorithm's own metrics (and the keys ``also``) as of the latest round that logged it."""
     out = {}
     for row in history:
-        out.update({f"final_{k.replace('/', '_')}": v for k, v in row.items() if k == "server/loss" or own_metric(k)})
+        out.update({k: v for k, v in row.items() if k in also or own_metric(k)})
     return out
 
 

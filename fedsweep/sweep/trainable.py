@@ -90,6 +90,7 @@ def headline(members: list, split: str) -> dict:
     ``eval.target_accuracy`` of any member (``rounds_to_target``, ``val_rounds_to_target``), else rounds + 1;
     and that member's algorithm's own metrics as of the latest round that logged them (``qffl/mean_Fq``)."""
     from fedsweep.runs.run import first_at_target
+    from fedsweep.runs.summary import latest_own
     acc = f"{split}/accuracy"
     latest, hits = [], []
     for m in members:
@@ -101,16 +102,7 @@ def headline(members: list, split: str) -> dict:
     to_target = "rounds_to_target" if split == "test" else "val_rounds_to_target"
     return {acc: last[acc] if last else 0.0, f"{split}/loss": last[f"{split}/loss"] if last else math.inf,
             f"best/{split}_accuracy": best, to_target: min(hits), **client_metrics(last or {}, split),
-            **own_metrics(member.history)}
-
-
-def own_metrics(history: list[dict]) -> dict:
-    """An algorithm's own metrics (``Algorithm.metrics``), each as of the latest round that logged it."""
-    from fedsweep.runs.summary import own_metric
-    out = {}
-    for row in history:
-        out.update({k: v for k, v in row.items() if own_metric(k)})
-    return out
+            **latest_own(member.history)}
 
 
 def client_metrics(row: dict, split: str) -> dict:
