@@ -32,8 +32,8 @@ server side — plain code over the K stacked uploads:
     communication(plan)        -> model-size units uploaded and downloaded this round
     compute(plan)              -> gradient evaluations spent on clients this round
 
-``ops`` gives the model as functions of a flat vector: ``ops.grad(w, batch) -> (loss, g)`` and
-``ops.loss(w, batch) -> loss``, where ``batch = (x, y, weight)`` (``(x, y, weight, key)`` for a model with
+``ops`` gives the model as functions of a flat vector: ``ops.grad(w, batch) -> (loss, g)``,
+``ops.loss(w, batch) -> loss``, ``ops.logits(w, batch) -> (B, C)`` and ``ops.accuracy(w, batch)``, where ``batch = (x, y, weight)`` (``(x, y, weight, key)`` for a model with
 dropout: the key of its masks; pass batches to ``ops`` whole) with per-sample weights that sum
 to 1 over the real samples (0 on padding), so the loss is the mean cross-entropy of the batch. Extra gradient passes (FedSAM), a gradient at w^t before training (FedCLG, MimeLite:
 ``probe`` holds a batch of the client's data, declared by ``probe``) and each client's loss at w^t
@@ -58,9 +58,19 @@ Batch = tuple["Tensor", "Tensor", "Tensor"]   # x (B, ...), y (B,), weight (B,) 
 
 @dataclass
 class ModelOps:
-    """The model as functions of a flat parameter vector (what client functions may call)."""
+    """The model as functions of a flat parameter vector (what client functions may call): ``grad`` and
+    ``loss`` of a batch; ``logits(w, batch)``, the model's outputs (B, C) on the batch's inputs (in the
+    mode the hook runs in: training for client hooks, its dropout masks the batch's key), and from them
+    :meth:`accuracy`."""
     grad: Callable[[Tensor, Batch], tuple[Tensor, Tensor]]
     loss: Callable[[Tensor, Batch], Tensor]
+    logits: Callable[[Tensor, Batch], Tensor] | None = None
+
+    def accuracy(self, w: Tensor, batch: Batch) -> Tensor:
+        """The weighted share of the batch's samples the model at ``w`` gets right: Σ weight_j · [argmax = y_j]
+        (the batch's accuracy; padding weighs 0)."""
+        x, y, weight, *_ = batch
+        return ((self.logits(w, batch).argmax(-1) == y).to(weight.dtype) * weight).sum(-1)
 
 
 @dataclass

@@ -121,6 +121,10 @@ class FunctionalModel:
             x = _LAYERS[type(leaf)](leaf, {local: params[full] for local, full in names}, x)
         return x
 
+    def batch_logits(self, w: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """:meth:`logits` on a batch ``(x, y, weight[, key])``: what ``ops.logits`` gives client code."""
+        return self.logits(w, batch[0], *batch[3:])
+
     def loss(self, w: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Weighted cross-entropy Σ_j weight_j · CE_j (the mean over the batch's real samples)."""
         x, y, weight, *key = batch

@@ -24,7 +24,7 @@ def autograd_ops(fmodel) -> ModelOps:
             (g,) = torch.autograd.grad(loss, w)
         return loss.detach(), g
 
-    return ModelOps(grad=grad, loss=fmodel.loss)
+    return ModelOps(grad=grad, loss=fmodel.loss, logits=getattr(fmodel, "batch_logits", None))
 
 
 class LoopEngine:
@@ -53,7 +53,7 @@ class LoopEngine:
                 return loss, g
 
             ops = self.ops
-            step_ops = ModelOps(grad=grad, loss=self.fmodel.loss)
+            step_ops = ModelOps(grad=grad, loss=self.fmodel.loss, logits=self.ops.logits)
             own_k = {name: v[k] for name, v in own.items()}
             probe_k = self._batch(probe.index[k, 0], probe.mask[k, 0], probe.keys[k, 0]) if probe is not None else None
             first = []

@@ -29,7 +29,8 @@ class VectorizedEngine:
         self.fast = fast_grad and batched.supports(fmodel)
         self._chain = batched.ChainGrad(fmodel) if self.fast else None
         self._fast_grad = batched.chain_grad_op(self._chain) if self.fast else None
-        self.ops = ModelOps(grad=self._grad, loss=self.fmodel.loss_vmappable)
+        self.ops = ModelOps(grad=self._grad, loss=self.fmodel.loss_vmappable,
+                            logits=getattr(self.fmodel, "batch_logits", None))
         # row-wise client steps on the hand-written batched gradients need no vmap at all
         self.rowwise = self.fast and algorithm.rowwise
 
@@ -43,6 +44,10 @@ class VectorizedEngine:
         """``ops.loss`` of every client at once: w (K, n) or (n,) shared, batch (K, B, ...); the same
         vmapped per-client loss that vmapped client code calls, so the same numbers."""
         return vmap(self.fmodel.loss_vmappable, in_dims=(0 if w.dim() == 2 else None, 0))(w, batch)
+
+    def _rows_logits(self, w, batch):
+        """``ops.logits`` of every client at once (row-wise code): w (K, n) or (n,) shared, batch (K, B, ...)."""
+        return vmap(self.fmodel.batch_logits, in_dims=(0 if w.dim() == 2 else None, 0))(w, batch)
 
     def _gather(self, index, weight, keys):
         batch = self.data.x[index], self.data.y[index], weight
@@ -90,7 +95,7 @@ class VectorizedEngine:
             state = {k: v.expand(K, *v.shape)
                      for k, v in algo.client_init(w, shared, own, ops, None).items()}
 
-        def stepper(grad_fn, loss_fn):
+        def stepper(grad_fn, loss_fn, logits_fn):
             """One local step of ``client_step`` that also returns the step's training loss (the
             first gradient pass's)."""
             def one_step(st, b, sh):
@@ -100,15 +105,15 @@ class VectorizedEngine:
                     loss, g = grad_fn(w_, batch)
                     seen.append(loss)
                     return loss, g
-                return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn), lr, sh), seen[0]
+                return algo.client_step(st, b, ModelOps(grad=grad, loss=loss_fn, logits=logits_fn), lr, sh), seen[0]
             return one_step
 
         def step_of(k: int):
             """The step function on the first k rows."""
             if self.rowwise:   # the algorithm's step on the stacked clients directly (Algorithm.rowwise)
                 stacked = batched.stacked_ops(self._chain, k)
-                return stepper(stacked.grad, stacked.loss)
-            return vmap(stepper(self._grad, ops.loss), in_dims=(0, 0, wd))
+                return stepper(stacked.grad, stacked.loss, self._rows_logits)
+            return vmap(stepper(self._grad, ops.loss, ops.logits), in_dims=(0, 0, wd))
 
         steps_list = steps.tolist()
         active = [sum(1 for n in steps_list if n > s) for s in range(max(steps_list, default=0))]
@@ -137,7 +142,7 @@ class VectorizedEngine:
 
         if self.rowwise:   # the algorithm's client_final on the stacked clients directly, as its steps
             uploads = algo.client_final(state, w, ModelOps(grad=batched.stacked_ops(self._chain, K).grad,
-                                                           loss=self._rows_loss), probe_b)
+                                                           loss=self._rows_loss, logits=self._rows_logits), probe_b)
             for key, v in uploads.items():   # what vmap would have stacked: one row per client
                 if v.dim() == 0 or v.shape[0] != K:
                     raise ValueError(f"{type(algo).__name__} declares rowwise = True, but its client_final on "
