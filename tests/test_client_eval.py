@@ -50,9 +50,9 @@ def test_matched_test_sets_follow_each_clients_labels():
     # a client's set is its own: the same whoever else is evaluated, other at another seed
     assert np.array_equal(matched_sets(client_labels[1:2], [7], pool, 20, 4, seed=0)[0], sets[1])
     assert not np.array_equal(matched_sets(client_labels[:1], [4], pool, 20, 4, seed=1)[0], sets[0])
-    drawn = evaluated_clients(3, 10, seed=0)
+    drawn = evaluated_clients(3, np.arange(10), seed=0)
     assert len(drawn) == 3 and list(drawn) == sorted(set(drawn.tolist()))
-    assert evaluated_clients("all", 4, seed=0).tolist() == [0, 1, 2, 3]
+    assert evaluated_clients("all", np.arange(4), seed=0).tolist() == [0, 1, 2, 3]
 
 
 def test_each_clients_accuracy_is_its_own_data_scored_by_the_returned_model():
@@ -223,7 +223,8 @@ CLIENT_SWEEP = {"grid": {}, "methods": {"fedavg": {}, "fedper": {}},
     ({"scheduler": {"metric": "personal/val_accuracy_p10"}}, "runs fedavg, which has no personal models"),
     ({"scheduler": {"metric": "clients/accuracy_p1"}}, "scheduler.metric: 'clients/accuracy_p1' is not a metric trials "
      "report; allowed: test/accuracy, test/loss, best/test_accuracy, rounds_to_target, "
-     "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std> (eval.clients)"),
+     "<clients|finetuned|personal|served|unseen|unseen_finetuned>/accuracy_<mean|weighted|p10|min|std> (eval.clients)"),
+    ({"scheduler": {"metric": "unseen/val_accuracy_mean"}}, "sets no eval.unseen_clients, so it would never report it"),
 ])
 def test_a_per_client_metric_that_trials_would_not_report_is_refused(tmp_path, capsys, fresh_home, over, needle):
     from fedsweep.cli import main

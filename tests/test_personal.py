@@ -138,7 +138,7 @@ def test_fedbn_keeps_each_clients_statistics_scores_with_them_and_resumes_exactl
     assert torch.equal(fm.buffers["net.2.running_mean"], torch.zeros(16))          # the global ones: as built
     means = [store.own[c]["net.2.running_mean"] for c in sorted(store.own)]
     assert len(means) >= 2 and not torch.equal(means[0], means[1])
-    ev, data = full.client_eval, full.data
+    ev, data = full.client_eval.groups[0], full.data
     W = full.algorithm.personal_models(full.w.detach(), ev.ids)
     for row, i in zip(full.client_eval_rows, range(len(ev.ids))):
         client = int(ev.ids[i])

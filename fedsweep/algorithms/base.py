@@ -85,7 +85,7 @@ class ServerRound:
 @dataclass
 class SetupContext:
     """What an algorithm may know when it is built."""
-    num_clients: int      # N
+    num_clients: int      # N, every client id is below it
     dim: int              # n, the length of the flat parameter vector
     client_sizes: Tensor  # (N,) n_i
     weighting: str        # "uniform" | "data"
@@ -97,6 +97,12 @@ class SetupContext:
     layout: tuple[tuple[str, int, int], ...] = ()
     #: the names of the model's BatchNorm layers (FedBN's local ones)
     batchnorm: tuple[str, ...] = ()
+    #: the federation's size, the N of the papers' 1/N sums: N less the clients eval.unseen_clients holds out
+    #: of training (0: N)
+    training_clients: int = 0
+
+    def __post_init__(self):
+        self.training_clients = self.training_clients or self.num_clients
 
 
 class NoParams(BaseModel):

@@ -12,6 +12,8 @@ that return this round, θ^{t−1} = w^t the server model and α the dynamic-reg
     h^t = h^{t−1} − α (1/N) Σ_{P_t} Δ_i                                          (line 9; m = N)
     θ^t = (1/|P_t|) Σ_{P_t} θ_i^t − h^t/α                                         (line 10)
 
+(N: the clients that train, ``ctx.training_clients``, without those ``eval.unseen_clients`` holds out.)
+
 As an update relative to w^t (what the server optimizer applies, w ← w + η_g u):
 
     u = Σ_{P_t} q_i Δ_i − h^t/α          (q_i = 1/|P_t|: then w + u is line 10 exactly)
@@ -93,7 +95,7 @@ class FedDyn(Algorithm):
         delta = torch.where(ok, delta, torch.zeros_like(delta))                     # dropped: nothing
         ids = plan.clients
         self.grad_prev.set(ids, self.grad_prev.get(ids) - alpha * delta, where=plan.participated)   # line 6
-        self.h = self.h - alpha * delta.sum(0) / self.ctx.num_clients               # line 9
+        self.h = self.h - alpha * delta.sum(0) / self.ctx.training_clients               # line 9
         if not bool(ok.any()):
             return torch.zeros_like(w)
         return self.weights(plan) @ delta - self.h / alpha                          # line 10 − w^t

@@ -13,7 +13,8 @@ the server model, K_i = E_i the SGD steps client i actually takes and η_l the r
     c ← c + (1/N) Σ_S Δc_i          (= c + (|S|/N) mean_S Δc_i, line 17)
 
 Since every c_i starts at 0 and c moves by 1/N of the sum of the changes, c stays the mean of all N
-c_i (tested). The update handed to the server optimizer is u = Σ q_i Δ_i, so server SGD with lr η_g
+c_i (tested); N is the federation's, the clients that train (``ctx.training_clients``: without the
+ones ``eval.unseen_clients`` holds out). The update handed to the server optimizer is u = Σ q_i Δ_i, so server SGD with lr η_g
 is line 17 exactly (η_g = 1 is FedAvg's server step; momentum/Adam act on u as for FedAvg).
 
 Choices:
@@ -111,7 +112,7 @@ class Scaffold(Algorithm):
         dc = torch.where(ok, c_new - c_old, torch.zeros_like(c_new))               # dropped: no change
         u = self.weights(plan) @ delta                                              # Δx (line 16)
         self.c_i.set(plan.clients, c_old + dc, where=plan.participated)          # line 13 (dropped: as they were)
-        self.c = self.c + dc.sum(0) / self.ctx.num_clients                          # line 17
+        self.c = self.c + dc.sum(0) / self.ctx.training_clients                          # line 17
         return u
 
     def state_dict(self):

@@ -43,17 +43,26 @@ def check_validation_clients(data, evaluation) -> None:
                           f"allowed 1..{data.num_clients} (unset: every client)")
 
 
-def check_client_evaluation(data, evaluation) -> None:
-    """``eval.clients``: at least 1 and at most N; fine-tuning is scored per client, so it needs them."""
+def check_client_evaluation(data, evaluation, clients_per_round: int) -> None:
+    """``eval.clients``: at least 1 and at most N; fine-tuning and unseen clients are scored per client, so
+    they need them; unseen clients leave at least K clients to train."""
     wanted = evaluation.clients
     if isinstance(wanted, int) and not 1 <= wanted <= data.num_clients:
         raise ConfigError(f"eval.clients: {wanted} clients cannot be drawn from data.num_clients N={data.num_clients}; "
                           f"allowed 1..{data.num_clients} or all (unset: no per-client evaluation)")
     if wanted is None:
-        for key in ("finetune_steps", "finetune_lr"):
+        for key in ("finetune_steps", "finetune_lr", "unseen_clients"):
             if key in evaluation.model_fields_set and getattr(evaluation, key):
-                raise ConfigError(f"eval.{key}: fine-tuned models are scored per client; set eval.clients "
+                what = "unseen clients are" if key == "unseen_clients" else "fine-tuned models are"
+                raise ConfigError(f"eval.{key}: {what} scored per client; set eval.clients "
                                   f"(all, or how many to draw) or unset eval.{key}")
+    share = evaluation.unseen_clients
+    if share:
+        unseen = max(1, round(share * data.num_clients))
+        if data.num_clients - unseen < clients_per_round:
+            raise ConfigError(f"eval.unseen_clients: {share} of data.num_clients N={data.num_clients} holds {unseen} "
+                              f"clients out of training, leaving {data.num_clients - unseen}, fewer than "
+                              f"clients_per_round K={clients_per_round}; allowed: a share leaving at least K")
 
 
 def check_leaf_keys(data) -> None:

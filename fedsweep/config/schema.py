@@ -165,6 +165,13 @@ class EvalConfig(_Strict):
         100, ge=1, description="`client_test: matched`: test samples drawn for each evaluated client (the class "
         "counts by largest remainder of its label shares, each class at most what the test split holds); the "
         "same count is drawn from a central validation split for its validation twin.")
+    unseen_clients: float = Field(
+        0.0, ge=0, lt=1, description="With `clients`: this share of the N clients (round(share·N), at least one) "
+        "is held out of training entirely, drawn once for the run from (seed, -1, \"unseen clients\"): rounds "
+        "sample K of the others, and per-client evaluation scores the held-out ones apart, giving unseen/* (the "
+        "global model) and unseen_finetuned/* (`finetune_steps`): how the model serves clients that never "
+        "trained (pFL-Bench's unseen clients; the participation gap of Yuan et al., ICLR 2022, is "
+        "clients/accuracy_mean − unseen/accuracy_mean). `clients: N` draws up to N of each group. 0: off.")
     finetune_steps: int = Field(
         0, ge=0, description="With `clients`: also score the global model fine-tuned on each evaluated client's "
         "training data for this many local SGD steps (batch `local.batch_size`, lr `finetune_lr`), the FedAvg+FT "
@@ -250,7 +257,7 @@ class RunConfig(_Strict):
             raise ConfigError(f"server_data.fraction: algorithm {self.algorithm.name!r} trains on server data; "
                               f"set server_data.fraction > 0 (FedCLG: 0.01-0.1) or server_data.size")
         check_validation_clients(self.data, self.eval)
-        check_client_evaluation(self.data, self.eval)
+        check_client_evaluation(self.data, self.eval, self.clients_per_round)
         return self
 
     # -- helpers -------------------------------------------------------------------------------

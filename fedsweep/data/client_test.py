@@ -14,6 +14,10 @@ fedsweep gives every evaluated client i:
 
 Validation twins, so that selection never reads test: a federated validation split is each client's
 own already; a central one is drawn from ``matched``, from ``(seed, -1, "client validation/i")``.
+
+Unseen clients (``eval.unseen_clients``, pFL-Bench's): a share of the clients held out of training
+entirely, drawn once for the run; rounds sample the others only, and per-client evaluation scores the
+held-out ones apart (``unseen/*``): how the model generalizes to clients it never trained on.
 Numpy only: indices, no samples.
 """
 from __future__ import annotations
@@ -39,11 +43,13 @@ def matched_sets(client_labels: list[np.ndarray], clients: list[int], pool_label
     return out
 
 
-def evaluated_clients(wanted: int | str | None, num_clients: int, seed: int) -> np.ndarray | None:
-    """The clients ``eval.clients`` names, sorted: all, or ``wanted`` drawn without replacement once for
-    the run from ``(seed, -1, "eval clients")``; None when off."""
+def evaluated_clients(wanted: int | str | None, pool: np.ndarray, seed: int,
+                      purpose: str = "eval clients") -> np.ndarray | None:
+    """The clients of ``pool`` (sorted ids) that ``eval.clients`` names, sorted: all, or ``wanted`` drawn
+    without replacement once for the run from ``(seed, -1, purpose)``; None when off."""
     if wanted is None:
         return None
-    if wanted == "all" or wanted >= num_clients:
-        return np.arange(num_clients, dtype=np.int64)
-    return np.sort(np_rng(seed, -1, "eval clients").choice(num_clients, size=int(wanted), replace=False))
+    if wanted == "all" or wanted >= len(pool):
+        return np.asarray(pool, dtype=np.int64)
+    picked = np_rng(seed, -1, purpose).choice(len(pool), size=int(wanted), replace=False)
+    return np.sort(np.asarray(pool, dtype=np.int64)[picked])

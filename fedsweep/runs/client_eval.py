@@ -10,13 +10,15 @@ split, its own validation data: :mod:`fedsweep.data.client_test`) with
 * ``personal/*``: the algorithm's personal model of the client (``Algorithm.personal_models``: Ditto's
   v_k, FedPer's head on the shared body), where it has them;
 * ``served/*``: the model the client is served: its personal one where the algorithm has them, else the
-  global one, so methods with and without personal models compare on one metric (``report.metric``).
+  global one, so methods with and without personal models compare on one metric (``report.metric``);
+* ``unseen/*`` and ``unseen_finetuned/*``: with ``eval.unseen_clients``, the global model and it
+  fine-tuned on the clients held out of training (no personal models: those clients never trained).
 
 Each gives the distribution's summaries over the clients (:func:`distribution`): ``accuracy_mean``
 (every client alike), ``accuracy_weighted`` (by its test samples), ``accuracy_p10`` (the mean of the
 worst 10% of clients, at least one: q-FFL's "worst 10%"), ``accuracy_std``, ``accuracy_min``, and the
 same on validation as ``val_accuracy_*``. The last evaluation's per-client values are the run's
-``client_eval.csv``.
+``client_eval.csv`` (a column ``unseen`` marks the held-out clients' rows).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from fedsweep.engine import ClientData, make_engine
 from fedsweep.engine.evaluate import one_model, own_models
 from fedsweep.engine.functional import FunctionalModel
 from fedsweep.sim.client_index import ClientIndex
-from fedsweep.sim.heterogeneity import RoundPlan, schedule_batches
+from fedsweep.sim.heterogeneity import RoundPlan, schedule_batches, training_clients, unseen_clients
 
 #: Clients fine-tuned at once (their (m, n) models at a time).
 FINETUNE_CHUNK = 64
@@ -51,16 +53,44 @@ def distribution(right: np.ndarray, n: np.ndarray, prefix: str) -> dict[str, flo
             f"{prefix}_min": float(acc.min())}
 
 
-class ClientEvaluator:
-    """The evaluated clients' data (indices on the data's device) and their scoring."""
+class ClientEvaluation:
+    """Per-client evaluation of a run: the clients that train and, with ``eval.unseen_clients``, apart,
+    those held out of training (module docstring)."""
 
     def __init__(self, cfg: RunConfig, data: FederatedData, fmodel: FunctionalModel, engine_name: str,
                  algorithm: Algorithm, clients_cpu: ClientIndex, buffers=None):
+        held_out = unseen_clients(cfg.eval.unseen_clients, data.num_clients, cfg.seed)
+        training = training_clients(cfg.eval.unseen_clients, data.num_clients, cfg.seed)
+        args = (cfg, data, fmodel, engine_name, algorithm, clients_cpu, buffers)
+        self.groups = [ClientEvaluator(*args, evaluated_clients(cfg.eval.clients, training, cfg.seed))]
+        if held_out.size:
+            self.groups.append(ClientEvaluator(*args, evaluated_clients(cfg.eval.clients, held_out, cfg.seed,
+                                                                        "eval unseen clients"), unseen=True))
+        self.rows: list[dict] = []   # the last evaluation's per-client values
+
+    def evaluate(self, w: torch.Tensor, t: int) -> dict[str, float]:
+        """The per-client metrics of the evaluation after round t (0-based) of the global model ``w``."""
+        metrics, rows = {}, []
+        for group in self.groups:
+            metrics.update(group.evaluate(w, t))
+            rows += [{**r, "unseen": group.unseen} for r in group.rows] if len(self.groups) > 1 else group.rows
+        self.rows = rows
+        return metrics
+
+
+class ClientEvaluator:
+    """One group of evaluated clients (``ids``): their data (indices on the data's device) and scoring;
+    ``unseen``: clients held out of training, scored as ``unseen/*`` without personal models."""
+
+    def __init__(self, cfg: RunConfig, data: FederatedData, fmodel: FunctionalModel, engine_name: str,
+                 algorithm: Algorithm, clients_cpu: ClientIndex, buffers, ids: np.ndarray, unseen: bool = False):
         self.cfg, self.data, self.fmodel, self.algorithm = cfg, data, fmodel, algorithm
         self.buffers = buffers   # each client's own model buffers (engine/client_buffers.py), or None
         self.vectorized = engine_name == "vectorized"
         self.clients_cpu = clients_cpu
-        ids = evaluated_clients(cfg.eval.clients, data.num_clients, cfg.seed)
+        self.unseen = unseen
+        self.kinds = {"clients": "unseen", "finetuned": "unseen_finetuned"} if unseen else \
+            {k: k for k in ("clients", "finetuned", "personal", "served")}
         self.ids = torch.as_tensor(ids)
         dev = data.x_train.device
         labels = data.y_train.cpu().numpy()
@@ -87,7 +117,7 @@ class ClientEvaluator:
                 cfg.seed, "client validation")).to(dev)
             self.x_val, self.y_val = data.x_val, data.y_val
         self.rows: list[dict] = []   # the last evaluation's per-client values
-        tuning = cfg.eval.finetune_steps or algorithm.personal_finetuning() is not None
+        tuning = cfg.eval.finetune_steps or (algorithm.personal_finetuning() is not None and not unseen)
         self.finetuner = make_engine(engine_name, fmodel, Algorithm(NoParams(), algorithm.ctx),
                                      ClientData(data.x_train, data.y_train)) if tuning else None
 
@@ -102,7 +132,7 @@ class ClientEvaluator:
         bs = self.cfg.eval.batch_size
         right = {("clients", name): one_model(self.fmodel, w, x, y, index, bs)
                  for name, x, y, index in self.splits()}
-        for kind, models in (("finetuned", self.finetuned), ("personal", self.personal)):
+        for kind, models in (("finetuned", self.finetuned), ("personal", self.personal))[:1 if self.unseen else 2]:
             parts = []
             for at in range(0, len(self.ids), FINETUNE_CHUNK):
                 chunk = torch.arange(at, min(at + FINETUNE_CHUNK, len(self.ids)))
@@ -116,15 +146,15 @@ class ClientEvaluator:
                               for name, x, y, index in self.splits()})
             for name, *_ in self.splits() if parts else ():
                 right[(kind, name)] = torch.cat([p[name] for p in parts])
-        for name, *_ in self.splits():   # what each client is served: its personal model, else the global one
-            right[("served", name)] = right.get(("personal", name), right[("clients", name)])
+        for name, *_ in () if self.unseen else self.splits():   # what each client is served: its personal
+            right[("served", name)] = right.get(("personal", name), right[("clients", name)])   # model, else global
         sizes = {name: index.sizes.cpu().numpy() for name, _, _, index in self.splits()}
         metrics, rows = {}, {"client": self.ids.tolist()}
         rows.update({f"n_{'test' if name == 'accuracy' else 'val'}": sizes[name].tolist()
                      for name, *_ in self.splits()})
         for (kind, name), r in right.items():
             r = r.cpu().numpy()
-            metrics.update(distribution(r, sizes[name], f"{kind}/{name}"))
+            metrics.update(distribution(r, sizes[name], f"{self.kinds[kind]}/{name}"))
             if kind != "served":   # the csv has the models themselves
                 acc = np.where(sizes[name] > 0, r / np.maximum(sizes[name], 1), np.nan)
                 rows[name if kind == "clients" else f"{kind}_{name}"] = acc.tolist()

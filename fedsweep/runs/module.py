@@ -131,7 +131,8 @@ class FederatedModule(L.LightningModule):
                            local_steps=self.cfg.local.steps, device=dev, dtype=self.w.dtype,
                            ops=autograd_ops(self.fmodel), layout=self.fmodel.layout(),
                            batchnorm=tuple(n for n, m in self.fmodel.module.named_modules()
-                                           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)))
+                                           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
+                           training_clients=len(self.planner.pool) if self.planner.pool is not None else 0)
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
         if self._pending_algo_state is not None:
             self.algorithm.load_state_dict(self._pending_algo_state)
@@ -152,8 +153,8 @@ class FederatedModule(L.LightningModule):
                 self._pending_buffers = None
         self.engine = make_engine(self.engine_name, self.fmodel, self.algorithm, client_data, self.client_buffers)
         if self.cfg.eval.clients is not None:
-            from fedsweep.runs.client_eval import ClientEvaluator
-            self.client_eval = ClientEvaluator(self.cfg, self.data, self.fmodel, self.engine_name, self.algorithm,
+            from fedsweep.runs.client_eval import ClientEvaluation
+            self.client_eval = ClientEvaluation(self.cfg, self.data, self.fmodel, self.engine_name, self.algorithm,
                                                self.clients_cpu, self.client_buffers)
 
     def configure_optimizers(self):

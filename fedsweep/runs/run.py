@@ -257,7 +257,7 @@ def write_artifacts(cfg: RunConfig, module, summary: dict, directory: Path, log_
     scored = getattr(module, "client_eval_rows", None)
     if scored:   # one row per evaluated client: its scores at the last evaluation (eval.clients)
         with open(directory / "client_eval.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(scored[0]))
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in scored for k in row)))
             writer.writeheader()
             writer.writerows(scored)
     (directory / "summary.json").write_text(summary_json(summary))

@@ -12,8 +12,11 @@ from fedsweep.config.schema import RunConfig
 
 #: The models per-client evaluation scores (``eval.clients``), as their metrics' prefixes
 #: (:mod:`fedsweep.runs.client_eval`): the global model, it fine-tuned, the algorithm's personal ones,
-#: and the model each client is served (its personal one where the algorithm has them, else the global).
-CLIENT_KINDS = ("clients", "finetuned", "personal", "served")
+#: and the model each client is served (its personal one where the algorithm has them, else the global);
+#: with ``eval.unseen_clients``, the global model and it fine-tuned on the clients held out of training.
+CLIENT_KINDS = ("clients", "finetuned", "personal", "served", "unseen", "unseen_finetuned")
+#: How errors and docs name them: ``<clients|finetuned|...>``.
+CLIENT_KINDS_TEXT = "<" + "|".join(CLIENT_KINDS) + ">"
 
 SUMMARY_KEYS = ("best_test_accuracy", "final_test_accuracy", "rounds_to_target", "rounds",
                 "seconds_per_round", "comm_up_models", "comm_down_models")
@@ -91,7 +94,7 @@ def summarize(cfg: RunConfig, history: list[dict], diverged: bool = False) -> di
 #: The prefixes of fedsweep's own metric names; any other ``<prefix>/<name>`` is an algorithm's own: what
 #: its ``round_metrics`` logs each round, declared in ``Algorithm.metrics`` (q-FFL's ``qffl/mean_Fq``).
 FEDSWEEP_PREFIXES = frozenset({"test", "val", "best", "train", "round", "comm", "compute", "stragglers", "server",
-                               "summary", "clients", "finetuned", "personal", "served"})
+                               "summary", *CLIENT_KINDS})
 
 
 def own_metric(name: str) -> bool:
@@ -178,7 +181,7 @@ def _client_rows(summary: dict, fmt) -> list[tuple]:
     """format_summary's rows of per-client evaluation: each model's accuracy over the clients."""
     return [(f"{kind} accuracy: mean / worst 10% / min",
              " / ".join(fmt(summary.get(f"final_{kind}_accuracy_{s}")) for s in ("mean", "p10", "min")))
-            for kind in CLIENT_KINDS[:3] if f"final_{kind}_accuracy_mean" in summary]
+            for kind in CLIENT_KINDS if kind != "served" and f"final_{kind}_accuracy_mean" in summary]
 
 
 def _validation_rows(summary: dict, fmt) -> list[tuple]:

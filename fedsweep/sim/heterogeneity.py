@@ -1,7 +1,8 @@
 """The round plan: who is sampled, how much local work each completes, and which batches it sees.
 
 docs/design.md §2 is the contract. Every draw of round t derives from ``(seed, t, purpose)``
-(:mod:`fedsweep.sim.rng`), so both engines and a resumed run see the same plan.
+(:mod:`fedsweep.sim.rng`), so both engines and a resumed run see the same plan. Rounds sample K of
+the N clients, or of those ``eval.unseen_clients`` leaves to train (:func:`unseen_clients`).
 
 Heterogeneity models (``heterogeneity.kind``), with E = ``local.steps``:
 
@@ -92,6 +93,13 @@ class Planner:
         self.cfg = cfg
         self.client_sizes = client_sizes.cpu().long()
         self.num_clients = int(client_sizes.numel())
+        unseen = cfg.eval.unseen_clients
+        #: the clients rounds sample from (None: all N); eval.unseen_clients holds the others out
+        self.pool = torch.from_numpy(training_clients(unseen, self.num_clients, cfg.seed)) if unseen else None
+        if self.pool is not None and cfg.clients_per_round > len(self.pool):
+            raise ConfigError(f"clients_per_round: K={cfg.clients_per_round} is more than the {len(self.pool)} of "
+                              f"N={self.num_clients} clients left to train once eval.unseen_clients holds "
+                              f"{self.num_clients - len(self.pool)} out; allowed 1..{len(self.pool)}")
         self.speeds = self._speeds() if cfg.heterogeneity.kind == "profiles" else None
 
     def _speeds(self) -> torch.Tensor:
@@ -106,7 +114,10 @@ class Planner:
     def plan(self, t: int) -> RoundPlan:
         cfg, h, E = self.cfg, self.cfg.heterogeneity, self.cfg.local.steps
         K = cfg.clients_per_round
-        clients = sample_clients(self.num_clients, K, derive_seed(cfg.seed, t, "clients")).sort().values
+        if self.pool is None:
+            clients = sample_clients(self.num_clients, K, derive_seed(cfg.seed, t, "clients")).sort().values
+        else:
+            clients = self.pool[sample_clients(len(self.pool), K, derive_seed(cfg.seed, t, "clients"))].sort().values
         work = torch.full((K,), E, dtype=torch.long)
         dropped = torch.zeros(K, dtype=torch.bool)
         g = generator(cfg.seed, t, "heterogeneity")
@@ -130,6 +141,21 @@ class Planner:
         else:
             steps = work.clone()
         return RoundPlan(t, clients, work, steps, sizes, dropped, E, local_lr(cfg, t))
+
+
+def unseen_clients(share: float, num_clients: int, seed: int) -> np.ndarray:
+    """The clients ``eval.unseen_clients`` holds out of training (pFL-Bench's unseen clients), sorted:
+    round(share·N) of them (at least one for a share > 0) drawn without replacement once for the run
+    from ``(seed, -1, "unseen clients")``; none for share 0."""
+    if not share:
+        return np.zeros(0, np.int64)
+    count = max(1, round(share * num_clients))
+    return np.sort(np_rng(seed, -1, "unseen clients").choice(num_clients, size=count, replace=False)).astype(np.int64)
+
+
+def training_clients(share: float, num_clients: int, seed: int) -> np.ndarray:
+    """The clients rounds sample from: all but :func:`unseen_clients`, sorted."""
+    return np.setdiff1d(np.arange(num_clients, dtype=np.int64), unseen_clients(share, num_clients, seed))
 
 
 def sample_clients(n: int, k: int, seed: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from fedsweep.config.schema import ConfigError
-from fedsweep.runs.summary import own_metric
+from fedsweep.runs.summary import CLIENT_KINDS_TEXT, own_metric
 from fedsweep.sweep.metrics import ON_VALIDATION
 from fedsweep.sweep.spec import SweepConfig, Trial
 
@@ -65,7 +65,9 @@ def check_client_metric(key: str, metric: str, trials: list[Trial], source: str)
         why = ("sets no eval.clients" if ev.clients is None else
                "sets no eval.finetune_steps" if kind == "finetuned" and not ev.finetune_steps else
                f"runs {t.config.algorithm.name}, which has no personal models" if kind == "personal" and
-               not get_algorithm_class(t.config.algorithm.name).has_personal_models() else None)
+               not get_algorithm_class(t.config.algorithm.name).has_personal_models() else
+               "sets no eval.unseen_clients" if kind.startswith("unseen") and not ev.unseen_clients else
+               "sets no eval.finetune_steps" if kind == "unseen_finetuned" and not ev.finetune_steps else None)
         if why:
             raise ConfigError(f"{source}: {key}: {metric!r} is measured per client, and trial {t.method} "
                               f"{t.config_id} {why}, so it would never report it")
@@ -95,7 +97,7 @@ def check_report(sweep: SweepConfig, trials: list[Trial], source: str = "sweep")
         from fedsweep.sweep.metrics import REPORT_METRICS
         if metric not in REPORT_METRICS and not own_metric(metric):
             raise ConfigError(f"{source}: report.metric: {metric!r} is not a metric configs can be scored by; allowed: "
-                              "<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min> (e.g. "
+                              f"{CLIENT_KINDS_TEXT}/accuracy_<mean|weighted|p10|min> (e.g. "
                               "clients/accuracy_p10), an algorithm's own metric (its `metrics`, e.g. qffl/mean_Fq), "
                               "or unset for test accuracy")
         if metric in REPORT_METRICS and sweep.report.mode == "min":

@@ -2,7 +2,7 @@
 each test metric's validation twin (docs/sweeps.md, Selection and the confirm stage)."""
 from __future__ import annotations
 
-from fedsweep.runs.summary import own_metric
+from fedsweep.runs.summary import CLIENT_KINDS, CLIENT_KINDS_TEXT, own_metric
 
 
 #: What every report of a trial to Tune holds (``TuneReporter.report`` in sweep/trainable.py), so what a
@@ -12,7 +12,7 @@ from fedsweep.runs.summary import own_metric
 #: Per-client evaluation's (``eval.clients``: docs/run.md), as of the last evaluation, where the trials
 #: evaluate per client: ``<model>/accuracy_<stat>`` on the clients' test data, ``<model>/val_accuracy_<stat>``
 #: on their validation data.
-CLIENT_TEST_METRICS = tuple(f"{kind}/accuracy_{stat}" for kind in ("clients", "finetuned", "personal", "served")
+CLIENT_TEST_METRICS = tuple(f"{kind}/accuracy_{stat}" for kind in CLIENT_KINDS
                             for stat in ("mean", "weighted", "p10", "min", "std"))
 CLIENT_VAL_METRICS = tuple(m.replace("/accuracy_", "/val_accuracy_") for m in CLIENT_TEST_METRICS)
 VAL_METRICS = ("val/accuracy", "val/loss", "best/val_accuracy", "val_rounds_to_target", *CLIENT_VAL_METRICS)
@@ -21,7 +21,7 @@ TUNE_METRICS = ("test/accuracy", "test/loss", "best/test_accuracy", "rounds_to_t
 #: What ``report.metric`` may name: the per-client accuracies whose larger value is better.
 REPORT_METRICS = tuple(m for m in CLIENT_TEST_METRICS if not m.endswith("_std"))
 #: The metrics trials report, as an error line lists them.
-METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", <clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std> "
+METRICS_TEXT = (", ".join(TUNE_METRICS[:4]) + ", " + CLIENT_KINDS_TEXT + "/accuracy_<mean|weighted|p10|min|std> "
                 "(eval.clients), and on a validation split " + ", ".join(VAL_METRICS[:4]) +
                 ", <model>/val_accuracy_<stat>; an algorithm's own metrics (its `metrics`, e.g. qffl/mean_Fq)")
 

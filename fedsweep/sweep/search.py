@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsweep.config.schema import ConfigError
+from fedsweep.runs.summary import CLIENT_KINDS_TEXT
 
 DISTRIBUTIONS = ("loguniform", "uniform", "quniform", "randint", "choice")
 
@@ -48,7 +49,7 @@ class SearchConfig(BaseModel):
         "`eval.target_accuracy`, else rounds + 1; with `mode: min`) and, for trials with a validation split "
         "(`data.validation_fraction`), their validation twins val/accuracy, val/loss, best/val_accuracy, "
         "val_rounds_to_target: there the default becomes best/val_accuracy and a test metric is refused; with "
-        "`eval.clients`, per-client evaluation's `<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std>` "
+        "`eval.clients`, per-client evaluation's `" + CLIENT_KINDS_TEXT + "/accuracy_<mean|weighted|p10|min|std>` "
         "and their twins `<model>/val_accuracy_<stat>` (docs/run.md, Per-client evaluation); or an algorithm's "
         "own metric, declared in every trial's algorithm's `metrics` (`qffl/mean_Fq`, with `mode: min`).")
     mode: Literal["max", "min"] = Field("max", description="`optuna`: whether a larger `metric` is better.")

@@ -21,6 +21,7 @@ from fedsweep.config.names import short
 from fedsweep.config.plugins import load_plugins
 from fedsweep.config.schema import (ConfigError, RunConfig, copy_tree, format_validation_error, load_yaml,
                                     register_models, set_dotted, with_plugins)
+from fedsweep.runs.summary import CLIENT_KINDS_TEXT
 from fedsweep.sweep.metrics import METRICS_TEXT, TUNE_METRICS, VAL_METRICS, reported
 from fedsweep.sweep.keys import build_config_of, check_keys, key_places, method_names
 from fedsweep.sweep.search import SearchConfig, extremes, method_space, samples
@@ -34,7 +35,7 @@ class SchedulerConfig(_Strict):
     kind: Literal["asha"] = Field("asha", description="ASHA (async successive halving) early stopping.")
     metric: str = Field("test/accuracy", description="Metric ASHA compares at its rungs, as of the last "
                         "evaluation: " + ", ".join(TUNE_METRICS[:4]) + ", per-client evaluation's "
-                        "`<clients|finetuned|personal|served>/accuracy_<mean|weighted|p10|min|std>` (docs/run.md), and "
+                        "`" + CLIENT_KINDS_TEXT + "/accuracy_<mean|weighted|p10|min|std>` (docs/run.md), and "
                         "their validation twins " + ", ".join(VAL_METRICS[:4]) + ", `<model>/val_accuracy_<stat>`. "
                         "Where the trials have a validation split "
                         "(`data.validation_fraction`) selection reads it: the default becomes val/accuracy, and a "
@@ -80,7 +81,7 @@ class ReportConfig(_Strict):
         "(under the same settings) instead of `eval.target_accuracy`: 0.9 gives the FedSoftMax paper's R90.")
     metric: str | None = Field(
         None, description="What configs are selected, scored and compared by, instead of test accuracy (and "
-        "rounds to target): a per-client accuracy (`eval.clients`, docs/run.md) `<clients|finetuned|personal|served>/"
+        "rounds to target): a per-client accuracy (`eval.clients`, docs/run.md) `" + CLIENT_KINDS_TEXT + "/"
         "accuracy_<mean|weighted|p10|min>`, e.g. `served/accuracy_p10` for the worst 10% of clients under "
         "the model each is served (its personal one where the method has them, else the global one). Each run's is its best over the evaluations, or with a validation split the "
         "metric at the round of its validation twin's best (`personal/val_accuracy_p10`), which selection "
