@@ -156,7 +156,8 @@ def _all_table(configs: pd.DataFrame) -> str:
 
 
 #: Per-client evaluation's models (runs/summary.CLIENT_KINDS) as the report names them.
-CLIENT_MODELS = {"clients": "global", "finetuned": "fine-tuned", "personal": "personal"}
+CLIENT_MODELS = {"clients": "global", "finetuned": "fine-tuned", "personal": "personal",
+                 "unseen": "unseen clients, global", "unseen_finetuned": "unseen clients, fine-tuned"}
 
 
 def _per_best_config(best: pd.DataFrame, trials: pd.DataFrame, cells, header: list[str]) -> str:

@@ -284,7 +284,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         lines += ["## Per-client accuracy", "",
                   "Each client scored on its own test data at the last evaluation (`eval.clients`; docs/run.md, "
                   "Per-client evaluation): the global model, it fine-tuned on the client's data, and the method's "
-                  "personal models where it has them; per model the mean over clients / the mean of the worst 10% "
+                  "personal models where it has them (with `eval.unseen_clients`, the global model and it "
+                  "fine-tuned on the clients held out of training, apart); per model the mean over clients / the mean of the worst 10% "
                   "/ the lowest client, averaged over the best config's runs. Descriptive: these are final values, "
                   "not the numbers the configs were selected or compared by.", "", clients_table, ""]
         if ecdf is not None:
