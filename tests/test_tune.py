@@ -95,11 +95,17 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     assert {(r.data.tags["fedsweep.config"], r.info.run_name) for r in runs} == {
         (f"{m} ηl{lr}", f"{m} ηl{lr} s{seed}") for m in ("fedavg", "fedlga") for lr in ("0.1", "1e+30") for seed in (0, 1)}
     from fedsweep.sweep.view import TAG_PREFIX, read_view
-    view = read_view(client.get_experiment_by_name("tiny").tags[TAG_PREFIX + "fedsweep-tiny"])
-    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "fedsweep.config"}]
-    assert view["selectedColumns"] == ["metrics.`summary/rounds_to_target`", "metrics.`best/test_accuracy`",
-                                       "params.`algorithm.name`", "params.`local.lr`"]
-    assert view["orderByKey"] == "metrics.`summary/rounds_to_target`" and view["orderByAsc"]   # what selection reads
+    tags = client.get_experiment_by_name("tiny").tags
+    view, tuning = read_view(tags[TAG_PREFIX + "fedsweep-tiny"]), read_view(tags[TAG_PREFIX + "fedsweep-tiny-tuning"])
+    assert view["groupBy"] is None and "tags.`fedsweep.role` = 'config'" in view["searchFilter"]
+    assert view["selectedColumns"][:4] == ["params.`algorithm.name`", "params.`local.lr`", "tags.`verdict_rounds`",
+                                           "tags.`verdict`"]
+    assert view["orderByKey"] == "metrics.`rounds/mean`" and view["orderByAsc"]          # fewest rounds first
+    assert tuning["orderByKey"] == "metrics.`selects_rounds`" and "'tuning'" in tuning["searchFilter"]
+    configs = client.search_runs([exp.experiment_id], "tags.`fedsweep.role` = 'config'") if (
+        exp := client.get_experiment_by_name("tiny")) else []
+    assert sorted(r.data.tags["fedsweep.stage"] for r in configs) == ["selected"] * 2 + ["tuning"] * 4
+    assert all(r.data.tags["mlflow.parentRunId"] == parent and r.info.status == "FINISHED" for r in configs)
     assert {k: v for k, v in client.get_run(parent).data.tags.items() if k.startswith("sweep.")} == {
         "sweep.trials": "8", "sweep.seeds": "[0, 1]", "sweep.methods": "fedavg,fedlga", "sweep.pack": "None",
         "sweep.units": "8", "sweep.grid.local.lr": "[0.1, 1e+30]"}
@@ -964,11 +970,11 @@ def test_ray_messages_on_the_terminal_are_one_short_line():
 
 def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live_run(finished_sweep, tmp_path):
     """What a user sees in a real browser (Debian's chromium driven by Playwright) at the addresses
-    `fedsweep ui SWEEP` prints: the sweep's view is one row per config with the mean of its seeds'
-    metric; README's recipes (Views -> the sweep's view; or Group by -> fedsweep.config) give the same
-    rows from the plain runs page, which opens on runs (not MLflow 3's GenAI overview); the sweep's
-    run holds the report (report.md and its plots, the report as its description); and a run that is
-    still training shows its metrics. FEDSWEEP_SCREENSHOTS=DIR keeps the screenshots docs/sweeps.md uses."""
+    `fedsweep ui SWEEP` prints: the sweep's view is one row per selected config with the report's
+    numbers (its score, seeds, verdict), the tuning view one row per tuning config; *Views* opens them
+    from the plain runs page, which opens on runs (not MLflow 3's GenAI overview); the sweep's run
+    holds the report (report.md and its plots, the report as its description); and a run that is still
+    training shows its metrics. FEDSWEEP_SCREENSHOTS=DIR keeps the screenshots docs/sweeps.md uses."""
     import shutil
     import signal
     import subprocess
@@ -979,15 +985,15 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
     if chromium is None:
         pytest.skip("no chromium: the README's set-up installs Debian's (apt-get install chromium)")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    from uiview import check_rows, report_numbers, shown_rows
+
     from fedsweep.runs.tracking import ui_url
     tmp, uri, path = finished_sweep
     client, runs = trial_runs(uri, "tiny")
     shots = os.environ.get("FEDSWEEP_SCREENSHOTS")
-    by_config = {}
-    for r in runs:
-        if "best/test_accuracy" in r.data.metrics:
-            by_config.setdefault(r.data.tags["fedsweep.config"], []).append(r.data.metrics["best/test_accuracy"])
-    assert len({r.data.tags["fedsweep.config"] for r in runs}) == 4 and len(by_config) >= 2
+    import fedsweep
+    expected = report_numbers(fedsweep.report(path, out=tmp_path / "report"))
+    assert len(expected["selected"]) == 2 and len(expected["tuning"]) == 4
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", path], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp, env=env)
@@ -999,8 +1005,9 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
             assert line or ui.poll() is None, "\n".join(lines)
             lines.append(line.strip())
             assert time.time() < deadline, lines
-        view, parent_page, every = [w for line in lines[1:] for w in line.split() if w.startswith("http://")]
-        assert "viewStateShareKey=fedsweep-tiny" in view and "one row per config" in lines[1], lines
+        view, tuning, parent_page, every = [w for line in lines[1:] for w in line.split() if w.startswith("http://")]
+        assert "viewStateShareKey=fedsweep-tiny&" in view and "one row per selected config" in lines[1], lines
+        assert "viewStateShareKey=fedsweep-tiny-tuning" in tuning, lines
         port = int(view.split(":")[2].split("/")[0])
         # a run that trains while the browser looks at it (its MLflow run is made before round 1)
         live = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "run", path, "--set", "rounds=100000",
@@ -1015,38 +1022,19 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
                 nonlocal page
                 if page is not None:
                     page.close()
-                page = browser.new_page(viewport={"width": 1440, "height": 900})
+                page = browser.new_page(viewport={"width": 3200, "height": 900})   # every column drawn
                 page.goto(url)
-
-            def group_rows(expect=4):
-                """{config: the text of its group's row}: the grid draws a row's pinned and scrolled
-                parts as separate .ag-row elements with the same row-index."""
-                deadline = time.time() + 60
-                while page.locator(".ag-row", has_text="Group:").count() < expect:
-                    assert time.time() < deadline, page.locator(".ag-row").all_inner_texts()
-                    time.sleep(0.5)
-                time.sleep(1)
-                rows = {}
-                for r in page.locator(".ag-row", has_text="Group:").all():
-                    label = next(t for t in r.inner_text().split("\n") if t.startswith("Group: "))
-                    same = page.locator(f".ag-row[row-index='{r.get_attribute('row-index')}']").all_inner_texts()
-                    rows[label.removeprefix("Group: ").strip()] = " ".join(same).replace("\n", " ")
-                return rows
 
             def close_assistant():
                 if page.get_by_role("button", name="Close").count():
                     page.get_by_role("button", name="Close").first.click()
 
             open_page(view)
-            rows = group_rows()
+            rows = shown_rows(page, expected["selected"])
             close_assistant()
-            assert set(rows) == {r.data.tags["fedsweep.config"] for r in runs}, rows   # one row per config
-            for config, values in by_config.items():   # ... with the mean over its seeds
-                mean = sum(values) / len(values)
-                shown = [float(w) for w in rows[config].split() if w.replace(".", "", 1).isdigit() and "." in w]
-                assert any(abs(v - mean) < 1e-6 for v in shown), (config, mean, rows[config])
-            if shots:
-                page.screenshot(path=os.path.join(shots, "mlflow_by_config.png"))
+            check_rows(rows, expected["selected"])
+            open_page(tuning)
+            check_rows(shown_rows(page, expected["tuning"]), expected["tuning"])
 
             open_page(every)    # every run: the parent expands into its children, each named and with its data
             parent = page.locator(".ag-row", has_text="tiny").first
@@ -1068,16 +1056,8 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
             page.locator(".ag-row").first.wait_for(timeout=60_000)
             close_assistant()
             page.get_by_role("button", name="Views").click()
-            page.get_by_text("fedsweep: tiny by config").click()
-            assert set(group_rows()) == set(rows)
-            open_page(every)                  # README: Group by -> fedsweep.config
-            page.locator(".ag-row").first.wait_for(timeout=60_000)
-            close_assistant()
-            page.get_by_role("button", name="Group by").click()
-            page.get_by_placeholder("Search").fill("fedsweep.config")
-            page.get_by_text("fedsweep.config", exact=True).click()
-            page.keyboard.press("Escape")
-            assert set(rows) <= set(group_rows())   # (the parent run falls in a group of its own)
+            page.get_by_text("fedsweep: tiny selected configs").click()
+            check_rows(shown_rows(page, expected["selected"]), expected["selected"])
 
             open_page(parent_page.replace("?", "/artifacts?"))     # the sweep's run: its report
             page.get_by_text("report", exact=True).first.wait_for(timeout=60_000)

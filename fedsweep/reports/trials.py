@@ -112,6 +112,7 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str, parent_ru
             "config_id": tags.get("fedsweep.config_id"), "seed": _number(params.get("seed")),
             "draw": _number(tags.get("fedsweep.draw")),   # a config's place in its optuna study
             "stage": tags.get("fedsweep.stage", "tune"),  # `confirm`: a selected config rerun on a fresh seed
+            "config_label": tags.get("fedsweep.config"),  # the run name less its seed
             "status": status, "error": error,
             "start_time": r.info.start_time, "end_time": r.info.end_time or 0,
             **keep,

@@ -348,13 +348,14 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     path = out / "report.md"
     path.write_text("\n".join(lines))
     if to_parent:
-        _log_to_parent(runs.client, trials, out, best, lines, quiet, comparisons)
+        _log_to_parent(runs.client, trials, out, best, lines, quiet, comparisons, configs)
     return ReportResult(path, trials, configs, best, comparisons,
                         interactions if interactions is not None else pd.DataFrame())
 
 
 def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str],
-                   quiet: bool = False, comparisons: pd.DataFrame | None = None) -> None:
+                   quiet: bool = False, comparisons: pd.DataFrame | None = None,
+                   configs: pd.DataFrame | None = None) -> None:
     import sys
 
     from mlflow.exceptions import MlflowException
@@ -368,9 +369,26 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
         reference = comparisons["reference"].iloc[0] if comparisons is not None and len(comparisons) else None
         log_to_parent(client, run_id, out, best, note_text(lines, verdict_table(comparisons, reference)), comparisons,
                       trials)
+        if configs is not None:
+            config_views(client, run_id, trials, configs, best, comparisons)
         if not quiet:
             print(f"logged onto the sweep's MLflow parent run {run_id}: the report as its description and "
-                  f"artifacts (report/), each method's selected result and verdict as its metrics and tags")
+                  f"artifacts (report/), each method's selected result and verdict as its metrics and tags, and "
+                  f"a run per config for the sweep's views (`fedsweep ui`)")
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         print(f"report: written to {out}, but not onto the sweep's MLflow parent run {run_id} ({first})", file=sys.stderr)
+
+
+def config_views(client, parent_id: str, trials: pd.DataFrame, configs: pd.DataFrame, best: pd.DataFrame,
+                 comparisons: pd.DataFrame | None) -> None:
+    """A run per config under the parent (:mod:`fedsweep.reports.config_runs`) and the sweep's views on
+    them (:mod:`fedsweep.sweep.view`), with the report's settings and tuned keys as columns."""
+    from fedsweep.reports.config_runs import config_rows, write_config_runs
+    from fedsweep.sweep.view import write_views
+    experiment_id = client.get_run(parent_id).info.experiment_id
+    sweep = trials.attrs["sweep"]
+    write_config_runs(client, experiment_id, parent_id, sweep, config_rows(trials, configs, best, comparisons))
+    attrs = configs.attrs
+    write_views(client, experiment_id, sweep, attrs["settings"], attrs["tuned"], attrs["rule"] == "target",
+                attrs.get("mode") == "min", comparisons is not None and len(comparisons) > 0)

@@ -64,8 +64,8 @@ def target_store(target: str | None, uri: str | None,
 def experiment_pages(uri: str, experiment: str | None, port: int, host: str,
                      sweep: str | None = None) -> list[tuple[str, str]]:
     """(what, address) for the named experiment, else every experiment that holds runs (newest
-    first). For a sweep: first its saved view (one row per config, the mean over its seeds), then
-    its parent run (the report), then every run."""
+    first). For a sweep: first its saved views (a row per selected config, a row per tuning config:
+    :mod:`fedsweep.sweep.view`), then its parent run (the report), then every run."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.tracking import ui_url
@@ -81,8 +81,13 @@ def experiment_pages(uri: str, experiment: str | None, port: int, host: str,
         if sweep is not None:
             from fedsweep.sweep.view import TAG_PREFIX, view_key, view_url
             if TAG_PREFIX + view_key(sweep) in found.tags:
-                pages.append((f"{sweep}: one row per config, the mean over its seeds",
+                written = bool(client.search_runs([found.experiment_id], max_results=1, filter_string=(
+                    f"tags.`fedsweep.role` = 'config' and tags.`fedsweep.sweep` = '{sweep}'")))
+                later = "" if written else " (filled in by the sweep's report: `fedsweep report`, or tune's end)"
+                pages.append((f"{sweep}: one row per selected config, its score, seeds and verdict{later}",
                               view_url(found.experiment_id, sweep, port, host)))
+                pages.append((f"{sweep}: one row per tuning config, what selection ranks it by{later}",
+                              view_url(found.experiment_id, sweep, port, host, "tuning")))
             parents = client.search_runs([found.experiment_id], max_results=1, order_by=["start_time DESC"],
                                          filter_string=f"tags.`fedsweep.role` = 'sweep' and tags.`fedsweep.sweep` = '{sweep}'")
             if parents:

@@ -245,8 +245,8 @@ def outcomes(client, exp_id: str, parent_id: str) -> dict:
     """How many of the sweep's trials ended in each status; ``errors``: each failed trial's error
     line (its run's ``fedsweep.error`` tag) with how many trials ended with it; ``incomplete_runs``:
     for each reason a run ended without its summary, the names of those runs."""
-    runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
-                              max_results=50_000)
+    runs = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}' and "
+                              "tags.`fedsweep.role` = 'trial'", max_results=50_000)
     counts: dict = {}
     errors: dict[str, int] = {}
     incomplete: dict[str, list[str]] = {}
