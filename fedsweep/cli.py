@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                    "$MLFLOW_TRACKING_URI, else sqlite:///$PWD/mlflow.db)")
     u.add_argument("--experiment", metavar="NAME", help="the experiment to open (default: the sweep's, else all)")
     u.add_argument("--run", metavar="RUN_ID", help="print the address of this run's page too")
-    u.add_argument("--port", type=int, metavar="N", help="the port to serve on (default: a free one)")
+    u.add_argument("--port", type=int, metavar="N", help="the port to serve on (default, or 0: a free one)")
     u.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
                    "machine only; 0.0.0.0 lets others reach it)")
 

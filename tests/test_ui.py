@@ -88,7 +88,7 @@ def test_it_serves_the_sweeps_runs_on_a_free_port_and_ctrl_c_stops_all_of_it(tmp
         assert opens[0].endswith(f"/#/experiments/{exp_id}/runs/{run.info.run_id}?workflowType=machine_learning")
         assert opens[1].endswith(f"/#/experiments/{exp_id}/runs?workflowType=machine_learning")
         port = int(opens[1].split(":")[2].split("/")[0])
-        assert port != 5000 and f"(port {port})" in lines[0]
+        assert port != 5000 and f"(port {port};" in lines[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
             assert answer.status == 200
         children = descendants(ui.pid)
@@ -108,9 +108,10 @@ def test_it_serves_the_sweeps_runs_on_a_free_port_and_ctrl_c_stops_all_of_it(tmp
 
 def test_a_killed_fedsweep_ui_leaves_no_mlflow_process(tmp_path):
     """SIGKILL gives fedsweep ui no chance to stop the UI it started (in a session of its own):
-    the UI ends with it all the same (PR_SET_PDEATHSIG), and so does everything the UI started."""
+    the UI ends with it all the same (PR_SET_PDEATHSIG), and so does everything the UI started. (`--port
+    0`: any free port, as a socket takes it.)"""
     uri, _ = _store_with_a_run(tmp_path)
-    ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", "--backend-store-uri", uri],
+    ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", "--backend-store-uri", uri, "--port", "0"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120

@@ -123,7 +123,7 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
     if resolved.split(":", 1)[0].lower() in ("http", "https"):   # the store is a server: its UI is there
         print(f"the store {resolved} is an MLflow server: its UI is that address; open it in a browser", file=out)
         return 0
-    if port is None:
+    if not port:   # unset, or 0 (as a socket takes it: any free port)
         port = free_port(host)
     else:
         check_port(host, port)
@@ -136,7 +136,8 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         pages = [run_page(resolved, run_id, port, shown)] + pages
     cwd = Path(resolved[len("sqlite:///"):].split("?", 1)[0]).parent if resolved.startswith("sqlite:///") else None
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", resolved, "--host", host, "--port", str(port)]
-    print(f"starting the MLflow UI on {resolved} (port {port}) ...", file=out, flush=True)
+    print(f"starting the MLflow UI on {resolved} (port {port}; ~15 s on 2 idle cores, longer on a busy "
+          "machine) ...", file=out, flush=True)
     import tempfile
     log = tempfile.TemporaryFile(mode="w+")   # not a pipe: a UI that logs every request would fill it and stop
     server = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -146,7 +147,7 @@ def serve(target: str | None = None, *, uri: str | None = None, experiment: str 
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, on_signal)
     try:
-        _wait_until_up(server, shown, port, log)
+        _wait_until_up(server, shown, port, log, out)
         home = f"http://{shown}:{port}/"
         if pages:
             for i, (name, url) in enumerate(pages[:10]):
@@ -178,10 +179,15 @@ def _end_with_parent() -> None:
         pass   # not Linux: Ctrl-C and SIGTERM still stop it
 
 
-def _wait_until_up(server: subprocess.Popen, host: str, port: int, log) -> None:
+def _wait_until_up(server: subprocess.Popen, host: str, port: int, log, out=sys.stdout) -> None:
     import urllib.request
-    deadline = time.monotonic() + START_TIMEOUT_S
+    start = time.monotonic()
+    deadline, said = start + START_TIMEOUT_S, 0
     while True:
+        waited = int(time.monotonic() - start)
+        if waited >= said + 15:   # a line every 15 s, so a slow start is not a silent one
+            said = waited - waited % 15
+            print(f"  still starting ({said} s; it gives up at {START_TIMEOUT_S:.0f} s)", file=out, flush=True)
         try:
             urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2)
             return
