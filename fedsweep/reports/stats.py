@@ -43,7 +43,8 @@ choice: the ``runs_column`` it names).
 - **Power** (``power_mde``): the difference these seeds would call with 80% power at α / m (the
   strictest level Holm uses), were the paired differences normal with their observed sd: the exact
   test's own power, simulated (``exact.unit_mde``: a multiple of the sd for each n, level and test);
-  infinite where 2 / 2^n ≥ α / m, which no difference can pass. ``mde`` repeats it for inconclusive
+  infinite where 2 / 2^n ≥ α / m, which no difference can pass; for a metric on a grid (rounds,
+  reached) the samples are rounded to it (``exact.grid_mde``). ``mde`` repeats it for inconclusive
   rows.
 """
 from __future__ import annotations
@@ -85,7 +86,8 @@ class Metric:
     its mean. ``horizon``: the rounds a run had (R); a censored run ranks as R + 1. ``resolution``: the
     finest difference the metric can show (``eval.every`` for rounds). ``margin``: differences inside
     ±margin count as none (``equivalent``; 0: never called). ``low``, ``high``: the values a run can
-    take."""
+    take. ``grid``: the step its values lie on (rounds seen every ``eval.every``; 0/1), 0 where
+    continuous: power is simulated on it."""
     column: str
     higher_is_better: bool
     resolution: float = 0.0
@@ -94,6 +96,7 @@ class Metric:
     margin: float = 0.0
     low: float = -math.inf
     high: float = math.inf
+    grid: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -299,7 +302,7 @@ def _look_rows(tested: list[dict], alpha: float, family: int, called_before: int
         called, note, low, high = verdict(row, level, metric)
         out.append({**row, "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan, "verdict": called,
                     "note": note, "adj_ci_low": low, "adj_ci_high": high,
-                    "power_mde": power_mde(row["d"], metric.kind, strictest, metric.resolution)})
+                    "power_mde": power_mde(row["d"], metric.kind, strictest, metric.resolution, metric.grid)})
     return out
 
 

@@ -45,7 +45,8 @@ def compared_metrics(split: str, rule: str, resolution: float, max_rounds: float
     if rule == "target":
         metrics["rounds_to_target"] = Metric("rounds_to_target", higher_is_better=False, resolution=resolution,
                                              censored=True, horizon=max_rounds, margin=margin["rounds"], low=1.0,
-                                             high=max_rounds if max_rounds is not None else math.inf)
+                                             high=max_rounds if max_rounds is not None else math.inf,
+                                             grid=max(resolution, 1.0))
     if metric and own_metric(metric):
         metrics[score] = Metric(score, higher_is_better=mode == "max", margin=margin["metric"])
     else:
@@ -142,7 +143,7 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
 
 
 #: Reaching the target as a metric of its own: 1 if a run reached it, 0 if not (censored, diverged).
-REACHED = Metric("reached", higher_is_better=True, low=0.0, high=1.0)
+REACHED = Metric("reached", higher_is_better=True, low=0.0, high=1.0, grid=1.0)
 
 
 def reach_table(values: dict, reference: str | None) -> pd.DataFrame:
