@@ -388,3 +388,43 @@ def test_a_sweep_trains_on_through_a_locked_store(tmp_path, monkeypatch):
     assert proc.returncode == 0 and "database is locked" in text and "Traceback" not in text, text[-3000:]
     children = [r for r in no_run_left_running(uri, "locked") if r.data.tags.get("fedsweep.role") == "trial"]
     assert len(children) == 2 and all(steps(uri, r.info.run_id) == list(range(1, 3001)) for r in children)
+
+
+FOLDER_HOLDER = """import fcntl, os, signal, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)          # as a run creating the store holds it
+print("held", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)    # then Ctrl-Z
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_a_stopped_holder_of_the_store_folders_lock_is_named_within_seconds(tmp_path, command):
+    """A process that took the store folder's lock (creating the store) and was then stopped (Ctrl-Z)
+    would hold it until continued: a second run, or a report, says within seconds who holds it and,
+    within 30 s, gives up in one line naming that process and the fix (exit 2), leaving nothing open."""
+    store = tmp_path / "store"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client_of(uri).search_experiments()     # the store exists (a run made it, and is held up in its next one)
+    holder = subprocess.Popen([sys.executable, "-c", FOLDER_HOLDER, str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        if command == "run":
+            argv = ["run", write_run(tmp_path, uri), "--quiet"]
+        else:
+            (tmp_path / "s.yaml").write_text(yaml.safe_dump({**SWEEP, "name": "s", "mlflow": {"tracking_uri": uri}}))
+            argv = ["report", str(tmp_path / "s.yaml")]
+        began = time.time()
+        proc = subprocess.run([sys.executable, "-m", "fedsweep.cli", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        took = time.time() - began
+        assert proc.returncode == 2 and took < 30, (took, proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert lines[0].startswith("waiting for the MLflow store folder's lock") and f"pid {holder.pid}" in lines[0]
+        error = [line for line in lines if line.startswith("fedsweep: error")]
+        assert len(error) == 1 and f"locked by pid {holder.pid}" in error[0] and "stopped" in error[0], lines
+        assert f"kill -CONT {holder.pid}" in error[0] and "Traceback" not in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()

@@ -108,6 +108,8 @@ def _open_with_mlflow(uri: str, key: str, experiment: str | None = None) -> None
             client = MlflowClient(tracking_uri=uri)
             client.search_experiments(max_results=1)
             found = client.get_experiment_by_name(experiment) if experiment else None
+    except ConfigError:
+        raise                                        # the lock's own line: who holds it, and the fix
     except Exception as e:  # noqa: BLE001 - MLflow's own words, in one line
         if getattr(e, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
             return

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from datetime import datetime
@@ -81,19 +82,79 @@ def _read_record(path: Path) -> dict:
         return {}
 
 
+#: How long a wait on a store folder's lock may last (a holder creates a store's schema in ~2 s), and
+#: how long when its holder is stopped (Ctrl-Z, SIGSTOP): it will not let go until it is continued.
+STORE_LOCK_TIMEOUT_S = 60.0
+STOPPED_HOLDER_TIMEOUT_S = 10.0
+#: After this long, a wait says what it waits for.
+SAY_AFTER_S = 2.0
+
+
 @contextmanager
-def store_lock(directory: Path):
+def store_lock(directory: Path, say=None):
     """Serialise MLflow store creation: two processes creating one fresh sqlite store race in its
-    schema migration. Held on the store's folder itself, so no extra file is left beside it."""
+    schema migration. Held on the store's folder itself, so no extra file is left beside it.
+
+    A wait is never silent or endless: after SAY_AFTER_S it says (``say``, default stderr) which
+    process holds the lock, and it gives up with a ConfigError naming that process and the fix after
+    STORE_LOCK_TIMEOUT_S, or STOPPED_HOLDER_TIMEOUT_S when the holder is stopped (Ctrl-Z)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass                                       # no flock on this file system
+        _wait_for_flock(fd, Path(directory), say)
         yield
     finally:
         os.close(fd)
+
+
+def _wait_for_flock(fd: int, directory: Path, say) -> None:
+    start, said = time.monotonic(), False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return                                 # no flock on this file system
+        waited = time.monotonic() - start
+        holders = lock_holders(directory)
+        who = "; ".join(f"pid {pid} ({cmd[:120] or '?'}{', stopped' if state == 'T' else ''})"
+                        for pid, cmd, state in holders) or "another process"
+        stopped = bool(holders) and all(state == "T" for _, _, state in holders)
+        if waited >= SAY_AFTER_S and not said:
+            said = True
+            line = f"waiting for the MLflow store folder's lock ({directory}), held by {who} ..."
+            (say or (lambda m: print(m, file=sys.stderr, flush=True)))(line)
+        if waited >= (STOPPED_HOLDER_TIMEOUT_S if stopped else STORE_LOCK_TIMEOUT_S):
+            fix = (f"it is stopped (Ctrl-Z or SIGSTOP): continue it (`fg` in its shell, or kill -CONT "
+                   f"{holders[0][0]}) or end it, then run this again" if stopped else
+                   "it holds the store for longer than creating one takes: let it finish or end it, then run this again")
+            raise ConfigError(f"the MLflow store folder {directory} is locked by {who} for {waited:.0f} s; {fix}")
+        time.sleep(0.2)
+
+
+def lock_holders(path: Path) -> list[tuple[int, str, str]]:
+    """(pid, command line, state letter: ``T`` stopped) of each process holding an ``flock`` on
+    ``path`` (Linux's /proc/locks: its device and inode); [] where that cannot be read."""
+    try:
+        st = os.stat(path)
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    out = []
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" in fields and "->" not in fields and key in fields:
+            pid = int(fields[fields.index(key) - 1])
+            try:
+                cmd = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split())
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                state = stat[stat.rindex(")") + 2:].split()[0]
+            except OSError:
+                cmd, state = "", "?"
+            if pid != os.getpid():
+                out.append((pid, cmd, state))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
