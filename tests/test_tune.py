@@ -393,8 +393,9 @@ def _statuses(uri, name):
 
 def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys):
     """`kill -9` of the driver alone (Ray's agents outlive it): the next `fedsweep tune` ends what
-    that driver left and only that, refuses to start over silently, and `--resume` finishes the
-    sweep without rerunning or duplicating anything."""
+    that driver left and only that, refuses to start over silently, refuses a tuner.pkl that is not
+    the one its driver wrote (crafted to run a command, or damaged) before Ray unpickles it, and
+    `--resume` finishes the sweep without rerunning or duplicating anything."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec_over = {"grid": {"local.lr": [0.05, 0.1]}, "seeds": [0, 1], "max_concurrent": 1,
                  "base": {**TINY["base"], "rounds": 30, "eval": {"every": 3}}}
@@ -425,6 +426,20 @@ def test_resume_after_kill_reruns_nothing_finished(tmp_path, monkeypatch, capsys
     assert main(["tune", path, "--resume"]) == 2                      # an edit would be silently ignored
     assert "changed since sweep 'r' started (4 of 8 trials differ; " in capsys.readouterr().err
     Path(path).write_text(started)
+    (record,) = tmp_path.glob("**/r/tuner.pkl")                       # Ray Tune's pickle: reading it runs code
+    kept = record.read_bytes()
+    import pickle
+
+    class Crafted:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'PWNED'}",)
+    for foreign in (pickle.dumps(Crafted()), os.urandom(300)):
+        record.write_bytes(foreign)
+        assert main(["tune", path, "--resume"]) == 2                  # refused before Ray reads it
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is not the one this sweep's driver wrote" in err, err
+        assert "--restart" in err and not (tmp_path / "PWNED").exists()
+    record.write_bytes(kept)
     assert main(["tune", path, "--resume"]) == 0
     assert bystander.poll() is None
     bystander.kill()

@@ -18,7 +18,7 @@ from fedsweep.config.schema import ConfigError
 from fedsweep.runs.tracking import MLFLOW_STATUS
 from fedsweep.sweep.callbacks import FINAL_STATUSES, PARENT, SWEEPS, trial_error
 from fedsweep.sweep.progress import member_statuses
-from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE
+from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, seal_problem
 
 
 def end_sweep(*, name: str, store, state: dict, parent_id: str, total: int, units: list[list[int]], uri: str, client,
@@ -104,6 +104,7 @@ def resume_problem(store) -> str | None:
     """Why ``--resume`` cannot continue the sweep whose folder of the storage is ``store`` (None if
     it can): its state file and trials file must be whole, and so must Ray Tune's record (its
     newest experiment state and its tuner), which a storage that filled up mid-write leaves cut short."""
+    root = store
     try:
         state = json.loads(store.read_text(STATE_FILE) or "null")
         trials = json.loads(store.read_text(TRIALS_FILE) or "null")
@@ -125,6 +126,9 @@ def resume_problem(store) -> str | None:
             return f"its confirm stage's record in {store.where()} cannot be read ({_one_line(e)})"
     if "tuner.pkl" not in names or not store.read_bytes("tuner.pkl"):
         return f"Ray Tune's record of it (tuner.pkl) is missing or empty in {store.where()}"
+    unsealed = seal_problem(root, store)   # before Ray unpickles it
+    if unsealed:
+        return unsealed
     newest = max((n for n in names if n.startswith("experiment_state-") and n.endswith(".json")), default=None)
     if newest is None:
         return f"Ray Tune's record of its trials (experiment_state-*.json) is missing in {store.where()}"

@@ -9,7 +9,7 @@ import json
 from fedsweep.config.schema import ConfigError
 from fedsweep.sweep import tuners
 from fedsweep.sweep.progress import show
-from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
+from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage, seal
 
 
 def _every_trial_ended(payloads, client, exp_id, parent_id, grace, what: str) -> bool:
@@ -35,8 +35,11 @@ def _start_look(sweep, payloads, units, planned, store: Storage, state: dict, ur
     state["stage"], state["look"], state["look_from"] = "confirm", look, first
     store.write_text(STATE_FILE, json.dumps(state))
     payloads = payloads + planned
-    return payloads, units, tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri,
-                                                 exp_id, parent_id, look)
+    tuner = tuners.confirm_tuner(sweep, payloads, units, first, store, state.get("sweep_id"), uri, exp_id, parent_id,
+                                 look)
+    from fedsweep.sweep.confirm import look_experiment
+    seal(store, store.child(look_experiment(look)), state)   # before a kill could leave it unsealed
+    return payloads, units, tuner
 
 
 def plan_first_look(sweep, payloads, units, store: Storage, state: dict, uri, client, exp_id, parent_id, experiment,

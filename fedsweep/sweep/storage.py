@@ -11,6 +11,7 @@ read from it: a trial's summary and artifacts travel with its final report.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -266,3 +267,38 @@ def check_nodes_reach(store: Storage, nodes: list[dict], timeout: float = 60.0) 
             "give every node access to it (credentials, network), or another --storage every node reaches"
         raise ConfigError(f"--storage {store.location}: node {label}{more} cannot read what this driver writes "
                           f"there ({why}), so its trials could not keep checkpoints every node reads; {how}")
+
+
+#: Ray Tune's record of a Tune run, a pickle: reading it runs whatever code it names.
+TUNER = "tuner.pkl"
+#: The state file's key for each Tune run's fingerprint (sha256 of its tuner.pkl), by its folder.
+SEALS = "tuner_sha256"
+
+
+def _folder(store: Storage, where: Storage) -> str:
+    return where.root[len(store.root):].strip("/")
+
+
+def seal(store: Storage, where: Storage, state: dict) -> None:
+    """Keep the fingerprint of the tuner.pkl Ray Tune has just written for a new Tune run (in ``where``:
+    ``store``, or a confirm look's folder) in the sweep's state file: ``--resume`` lets Ray read no other."""
+    import hashlib
+    data = where.read_bytes(TUNER) or b""
+    state.setdefault(SEALS, {})[_folder(store, where)] = hashlib.sha256(data).hexdigest()
+    store.write_text(STATE_FILE, json.dumps(state))
+
+
+def seal_problem(store: Storage, where: Storage) -> str | None:
+    """Why the tuner.pkl in ``where`` must not be unpickled (None if it is the one this sweep's driver
+    wrote, by its fingerprint in the state file): damaged, replaced, or never fingerprinted."""
+    import hashlib
+    state = json.loads(store.read_text(STATE_FILE) or "{}")
+    want = (state.get(SEALS) or {}).get(_folder(store, where))
+    data = where.read_bytes(TUNER) or b""
+    if want is None:
+        why = "fedsweep kept no fingerprint of it (a sweep started by an older fedsweep, or a file put there)"
+    elif hashlib.sha256(data).hexdigest() != want:
+        why = "it is not the one this sweep's driver wrote (damaged or replaced: its fingerprint differs)"
+    else:
+        return None
+    return f"Ray Tune's record {where.where(TUNER)} is not read: {why}, and reading a pickle runs the code it names"

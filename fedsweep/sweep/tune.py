@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from fedsweep.config.schema import ConfigError, flatten
-from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage
+from fedsweep.sweep.storage import STATE_FILE, TRIALS_FILE, Storage, seal
 from fedsweep.sweep.search import search_summary
 from fedsweep.sweep.progress import show, silenced
 from fedsweep.sweep.dryrun import dry_run as print_dry_run
@@ -332,10 +332,12 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
         where.delete()   # what Tune wrote of the look before any trial: it starts anew, as planned
         tuner = tuners.confirm_tuner(sweep, payloads, units, state["look_from"], store, sweep_id, uri, exp_id,
                                      parent_id, look, adopt=True)
+        seal(store, where, state)
     elif resume:
         tuner = tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where)
     else:
         tuner = tuners.new_tuner(sweep, trials, payloads, units, root, store, sweep_id, uri, exp_id, parent_id)
+        seal(store, store, state)
     stopped, grace = _drive(tuner, lambda: tuners.restored_tuner(sweep, payloads, units, store, sweep_id, where), grace)
     while stopped is None and sweep.confirm is not None:   # the confirm stage, a look at a time
         try:

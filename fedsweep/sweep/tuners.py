@@ -5,10 +5,11 @@ storage. Every one runs :func:`fedsweep.sweep.trainable.run_unit` and reports to
 callbacks (MLflow, the terminal)."""
 from __future__ import annotations
 
+from fedsweep.config.schema import ConfigError
 from fedsweep.sweep.callbacks import make_mlflow_callback
 from fedsweep.sweep.progress import make_progress_callback
 from fedsweep.sweep.spec import SweepConfig, Trial
-from fedsweep.sweep.storage import Storage
+from fedsweep.sweep.storage import Storage, seal_problem
 from fedsweep.sweep.trainable import run_unit
 
 # A trial reports to Tune at most this often (every row still arrives), and where a scheduler decides:
@@ -21,9 +22,12 @@ def restored_tuner(sweep: SweepConfig, payloads: list[dict], units: list[list[in
     """Tune's run of the sweep from its experiment state in the storage (``--resume``, or after a
     result lost with its node): finished trials stay finished, the others continue from their
     checkpoints. ``where``: the folder of that Tune experiment (default the sweep's, ``store``; the
-    confirm stage's is inside it)."""
+    confirm stage's is inside it). Its tuner.pkl is checked first (:func:`fedsweep.sweep.storage.seal_problem`)."""
     from ray import tune
     where = where or store
+    problem = seal_problem(store, where)
+    if problem:
+        raise ConfigError(f"--resume: {problem}; start the sweep over with --restart")
     return tune.Tuner.restore(where.root, trainable=trainable(sweep, payloads, units, store, sweep_id),
                               resume_errored=True, storage_filesystem=where.fs)
 
