@@ -347,3 +347,25 @@ def test_plugins_go_through_packs_validation_confirm_search_and_asha(plugin_dir,
     assert len({r.data.params["algorithm.share"] for r in runs}) == 4
     assert main(["report", str(searched), "--out", str(tmp_path / "rep")]) == 0
     assert "lab_half" in (tmp_path / "rep" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["json.py", "random.py", "csv.py", "statistics"])
+def test_a_plugin_named_as_a_standard_library_module_is_refused_by_name(plugin_dir, tmp_path, capsys, monkeypatch,
+                                                                      name, tmp_mlflow):
+    """Whether or not the standard library's module of that name is imported yet, a plugin file or
+    package named so would be imported as it (or shadow it in a worker): one line, nothing left behind."""
+    text = "import fedsweep\n"
+    if name.endswith(".py"):
+        plugin_dir(name, text)
+    else:
+        (plugin_dir.folder / name).mkdir()
+        (plugin_dir.folder / name / "__init__.py").write_text(text)
+    path = plugin_dir.folder / "run.yaml"
+    path.write_text(yaml.safe_dump({**tiny_raw(), "plugins": [name]}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    stem = name.removesuffix(".py")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{stem!r} is the name of a module of Python's standard library" in err and f"{stem}_plugin" in err, err
+    assert not (tmp_path / "fedsweep_runs").exists() and not list(tmp_path.glob("**/*.lock"))

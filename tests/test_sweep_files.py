@@ -161,6 +161,12 @@ def test_a_bad_value_names_where_the_file_gives_it(tmp_path, capsys, spec, needl
     ("name: s\nbase:\n  rounds: 2\n local: {}\n", "s.yaml:4: not valid YAML: this line's indentation matches no "
      "mapping or list above it"),
     ("name: s\nbase: {rounds: 2\n", "s.yaml:3: not valid YAML: expected ',' or '}'"),
+    # a "billion laughs": nine levels of an alias used ten times, 1.2e10 values once expanded (0.003 s)
+    ("name: s\nbase: {}\na: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 10) + "]\n" for i in range(9)),
+     "s.yaml: its aliases (*name) expand to more than 1,000,000 values (1.23e+10)"),
+    ("name: s\nbase: {}\nloop: &l [1, *l]\n", "s.yaml: an alias (*name) refers to a value that holds it"),
+    ("name: s\nbase: {}\ndeep: " + "[" * 5000 + "]" * 5000 + "\n", "s.yaml: nests deeper than a YAML file can be read"),
 ])
 def test_yaml_mistakes_in_a_sweep_file_name_their_line(tmp_path, capsys, text, needle):
     err = refused(capsys, ["tune", sweep_file(tmp_path, text), "--dry-run"])

@@ -135,6 +135,10 @@ def _import_path(path: Path, key: str, reload: bool = False) -> Plugin:
     if not name.isidentifier():
         raise ConfigError(f"{key}: {path}: {name!r} cannot be a module's name (letters, digits and _ only, not "
                           "starting with a digit); rename it")
+    if name in sys.stdlib_module_names:   # imported as the standard library's, everywhere: refused by name
+        raise ConfigError(f"{key}: {path}: {name!r} is the name of a module of Python's standard library, which "
+                          f"every process imports as that; rename the file (e.g. {name}_plugin"
+                          f"{'.py' if path.suffix == '.py' else ''})")
     present = sys.modules.get(name)
     if present is not None and not reload:
         where = _source_of(present)

@@ -13,6 +13,9 @@ import yaml
 from fedsweep.util.errors import ConfigError
 
 MERGE_TAG = "tag:yaml.org,2002:merge"   # `<<: *anchor`: keys it brings may be overridden, as YAML says
+#: The most values a file may hold once its aliases are expanded: a config of the largest sweep holds
+#: thousands; ten levels of an alias used ten times each (a "billion laughs") hold 10^10.
+MAX_VALUES = 1_000_000
 
 
 class DuplicateKey(yaml.MarkedYAMLError):
@@ -44,7 +47,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 def parse_yaml(text: str, source: str) -> Any:
     """``text`` as YAML, or a ConfigError of one line: ``source:LINE: what is wrong``."""
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)   # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=UniqueKeyLoader)   # noqa: S506 - a SafeLoader subclass
     except DuplicateKey as e:
         raise ConfigError(f"{source}:{e.problem_mark.line + 1}: duplicate key {e.key!r} (first at line "
                           f"{e.first.line + 1}); a key may appear once in a mapping") from None
@@ -52,6 +55,48 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(_marked_error(e, source)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nests deeper than a YAML file can be read here; a config is a few levels "
+                          "deep") from None
+    try:
+        count = expanded_size(data)
+    except RecursionError:
+        raise ConfigError(f"{source}: nests deeper than a YAML file can be read here; a config is a few levels "
+                          "deep") from None
+    if count is None:
+        raise ConfigError(f"{source}: an alias (*name) refers to a value that holds it: a config is a tree, and "
+                          "this one never ends; use each anchor only outside its own value")
+    if count > MAX_VALUES:
+        raise ConfigError(f"{source}: its aliases (*name) expand to more than {MAX_VALUES:,} values "
+                          f"({count:.3g}); a config holds far fewer: write the values out, or alias fewer times")
+    return data
+
+
+def expanded_size(data: Any) -> int | None:
+    """How many values ``data`` holds with every alias expanded (a shared list or mapping counted each
+    time it is used), in time linear in the distinct ones; None where one holds itself."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(x: Any) -> int | None:
+        if not isinstance(x, (dict, list)):
+            return 1
+        key = id(x)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            return None
+        open_.add(key)
+        total = 1
+        for item in (x.values() if isinstance(x, dict) else x):
+            n = size(item)
+            if n is None:
+                return None
+            total += n
+        open_.discard(key)
+        sizes[key] = total
+        return total
+    return size(data)
 
 
 def _marked_error(e: yaml.MarkedYAMLError, source: str) -> str:
