@@ -190,3 +190,16 @@ def test_engine_auto_picks_by_model_and_device(capsys):
     assert choose_engine("vectorized", cnn, "cpu") == "vectorized" and choose_engine("loop", mlp, "cpu") == "loop"
     module = train(build_config(tiny_raw(rounds=1, model={"name": "cnn"})), progress=True)
     assert module.engine_name == "loop" and "loop engine (auto) on cpu" in capsys.readouterr().err
+
+
+def test_python_dash_m_fedsweep_is_the_command(tmp_path):
+    """`python -m fedsweep` runs the same command line as the `fedsweep` script (for environments whose
+    scripts are not on PATH): its output, and exit 2 for a mistake."""
+    import subprocess
+    import sys
+    listed = subprocess.run([sys.executable, "-m", "fedsweep", "algorithms"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120)
+    assert listed.returncode == 0 and "fedavg" in listed.stdout and "scaffold" in listed.stdout
+    wrong = subprocess.run([sys.executable, "-m", "fedsweep", "run", str(tmp_path / "missing.yaml")],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("fedsweep: error: ") and "Traceback" not in wrong.stderr
