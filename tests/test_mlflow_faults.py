@@ -428,3 +428,15 @@ def test_a_stopped_holder_of_the_store_folders_lock_is_named_within_seconds(tmp_
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_wait_whose_grace_is_spent_is_not_announced_as_a_wait(tmp_path):
+    """Writes still waiting when the time left for them is under a second: said as kept on disk,
+    never as "waiting up to 0 s"."""
+    from fedsweep.runs.writer import Writer
+    said = []
+    writer = Writer(f"sqlite:///{tmp_path / 'mlflow.db'}", say=said.append, start=False)   # nothing gets written
+    writer.rows("run", [{"round": 1, "train/loss": 1.0}])
+    writer.announce_wait(0.3)
+    assert said == ["MLflow: the store has not taken the last 1 writes (a write under way has not come back); "
+                    "they are kept on disk"], said

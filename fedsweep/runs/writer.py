@@ -217,8 +217,11 @@ class Writer:
         self._announced = True
         why = self.failure[0] if self.failure is not None else "a write under way has not come back"
         left = max(grace - (time.monotonic() - start), 0.0)
-        self.say(f"MLflow: waiting up to {_seconds(left)} for the store ({why}); {len(self.ops)} writes wait, "
-                 "then what is left is kept on disk")
+        if left < 1.0:   # the grace is spent: no wait to announce ("waiting up to 0 s")
+            self.say(f"MLflow: the store has not taken the last {len(self.ops)} writes ({why}); they are kept on disk")
+        else:
+            self.say(f"MLflow: waiting up to {_seconds(left)} for the store ({why}); {len(self.ops)} writes wait, "
+                     "then what is left is kept on disk")
         return time.monotonic() - start
 
     def close(self, grace: float) -> bool:
