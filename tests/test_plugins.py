@@ -105,6 +105,12 @@ def test_options_are_checked_against_the_signature(plugin_dir):
         build_config(raw_with(path, model={"name": "lab_mlp", "width": 3}))
     with pytest.raises(ConfigError, match=r"^data\.options\.n: Input should be a valid integer"):
         build_config(raw_with(path, data={"name": "lab_blobs", "options": {"n": "many"}}))
+    # a key of the data section given as an option (which a dataset function may take by name too)
+    with pytest.raises(ConfigError, match=r"^data\.options\.test_fraction: not an option but a key of the data "
+                                          r"section itself, .*; set data\.test_fraction \(not under data\.options\)$"):
+        build_config(raw_with(path, data={"name": "digits", "options": {"test_fraction": 0.3}}))
+    with pytest.raises(ConfigError, match=r"^data\.options\.seed: not an option: .*\(the top-level key seed"):
+        build_config(raw_with(path, data={"name": "digits", "options": {"seed": 3}}))
     plugin_dir("req.py", '''
         import fedsweep
         from torch import nn

@@ -290,6 +290,12 @@ def check_options(entry: Entry, options: dict, key: str) -> dict:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden" and entry.kind == "dataset" and loc in DATASET_CONTEXT:
+            if loc == "seed":
+                raise ConfigError(f"{key}.seed: not an option: fedsweep hands every dataset that takes it the run's "
+                                  "seed (the top-level key seed; a sweep's seeds:)") from None
+            raise ConfigError(f"{key}.{loc}: not an option but a key of the data section itself, which fedsweep "
+                              f"hands to every dataset that takes it; set data.{loc} (not under data.options)") from None
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{key}.{loc}: unknown option of {entry.kind} {entry.name!r}; "
                               f"{option_list(entry)}") from None
