@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -62,7 +61,7 @@ def test_the_views_of_a_sweep_of_a_thousand_runs_show_the_reports_numbers(tmp_pa
         pytest.skip("no chromium: the README's set-up installs Debian's (apt-get install chromium)")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     from mlflow import MlflowClient
-    from uiview import check_rows, report_numbers, shown_rows
+    from uiview import addresses, check_rows, report_numbers, shown_rows, ui_lines
 
     import fedsweep
     from fedsweep.sweep.spec import expand, load_sweep
@@ -95,13 +94,7 @@ def test_the_views_of_a_sweep_of_a_thousand_runs_show_the_reports_numbers(tmp_pa
     ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", str(path)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path, env=dict(os.environ))
     try:
-        lines, deadline = [], time.time() + 120
-        while not lines or not lines[-1].startswith("stop it with Ctrl-C"):
-            line = ui.stdout.readline()
-            assert line or ui.poll() is None, "\n".join(lines)
-            lines.append(line.strip())
-            assert time.time() < deadline, lines
-        view, tuning = [w for line in lines[1:] for w in line.split() if w.startswith("http://")][:2]
+        view, tuning = addresses(ui_lines(ui))[:2]
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium)
             for url, stage in ((view, "selected"), (tuning, "tuning")):

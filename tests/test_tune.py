@@ -991,7 +991,6 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
     holds the report (report.md and its plots, the report as its description); and a run that is still
     training shows its metrics. FEDSWEEP_SCREENSHOTS=DIR keeps the screenshots docs/sweeps.md uses."""
     import shutil
-    import signal
     import subprocess
     import sys
     import time
@@ -1000,7 +999,7 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
     if chromium is None:
         pytest.skip("no chromium: the README's set-up installs Debian's (apt-get install chromium)")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    from uiview import check_rows, report_numbers, shown_rows
+    from uiview import addresses, check_rows, report_numbers, shown_rows, ui_lines
 
     from fedsweep.runs.tracking import ui_url
     tmp, uri, path = finished_sweep
@@ -1014,13 +1013,8 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
                           stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp, env=env)
     live = None
     try:
-        lines, deadline = [], time.time() + 120
-        while not lines or not lines[-1].startswith("stop it with Ctrl-C"):
-            line = ui.stdout.readline()
-            assert line or ui.poll() is None, "\n".join(lines)
-            lines.append(line.strip())
-            assert time.time() < deadline, lines
-        view, tuning, parent_page, every = [w for line in lines[1:] for w in line.split() if w.startswith("http://")]
+        lines = ui_lines(ui)
+        view, tuning, parent_page, every = addresses(lines)
         assert "viewStateShareKey=fedsweep-tiny&" in view and "one row per selected config" in lines[1], lines
         assert "viewStateShareKey=fedsweep-tiny-tuning" in tuning, lines
         port = int(view.split(":")[2].split("/")[0])

@@ -63,3 +63,19 @@ def check_rows(rows: dict[str, str], expected: dict) -> None:
         words = text.split()
         for cell in expected[name]:
             assert cell in words, (name, cell, text)
+
+
+def ui_lines(ui, timeout: float = 120) -> list[str]:
+    """The lines a started ``fedsweep ui`` prints, up to its "stop it with Ctrl-C" (its addresses among them)."""
+    lines, deadline = [], time.time() + timeout
+    while not lines or not lines[-1].startswith("stop it with Ctrl-C"):
+        line = ui.stdout.readline()
+        assert line or ui.poll() is None, "\n".join(lines)
+        lines.append(line.strip())
+        assert time.time() < deadline, lines
+    return lines
+
+
+def addresses(lines: list[str]) -> list[str]:
+    """The addresses among ``fedsweep ui``'s lines, in order."""
+    return [w for line in lines[1:] for w in line.split() if w.startswith("http://")]
