@@ -275,11 +275,13 @@ def _planned_trials(sweep) -> pd.DataFrame:
     import pandas as pd
 
     from fedsweep.config.schema import flatten
-    from fedsweep.sweep.checks import check_report
+    from fedsweep.sweep.checks import check_importable, check_report, select_on_validation
     from fedsweep.sweep.spec import expand, load_sweep, sweep_source, varying_keys
     spec, source = load_sweep(sweep), sweep_source(sweep)
     trials = expand(spec, source=source)
     check_report(spec, trials, source=source)
+    select_on_validation(spec, trials, source=source)
+    check_importable(trials, source=source)
     keys = [k for k in varying_keys(trials) if k != "seed"]
     rows = []
     for t in trials:

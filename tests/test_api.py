@@ -171,8 +171,10 @@ def test_a_notebook_class_runs_here_and_a_sweep_of_it_is_refused_before_ray(note
     result = fedsweep.run(tiny_raw(model=model, mlflow={"experiment": "api"}))
     assert result.status == "finished" and result.run_id is not None
     assert type(result.model).__name__ == "NotebookModel" and result.model.net[1].out_features == 12
-    error = one_line_error(fedsweep.tune, {"name": "notebook", "base": tiny_raw(model=model), "seeds": [0]})
-    assert f"model.name '{notebook_model}' is defined in __main__" in error and "put it in a .py file" in error
+    for dry_run in (True, False):   # a dry run makes the check a sweep makes
+        error = one_line_error(fedsweep.tune, {"name": "notebook", "base": tiny_raw(model=model), "seeds": [0]},
+                               dry_run=dry_run)
+        assert f"model.name '{notebook_model}' is defined in __main__" in error and "put it in a .py file" in error
     assert not ray.is_initialized()
 
 

@@ -257,7 +257,9 @@ def test_listing_names_fedsweeps_own_and_a_files_plugins(plugin_dir, capsys):
 
 
 def test_an_installed_package_plugs_in_by_its_entry_point(tmp_path):
-    """A package that declares the `fedsweep.plugins` entry point is loaded without being named."""
+    """A package that declares the `fedsweep.plugins` entry point is loaded without being named: by
+    `run`, and by `tune` (dry run and sweep) with no `plugins:` though what it registers lives in a
+    submodule of its package."""
     site = tmp_path / "site"
     (site / "labdist-1.0.dist-info").mkdir(parents=True)
     (site / "labdist-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: labdist\nVersion: 1.0\n")
@@ -272,6 +274,20 @@ def test_an_installed_package_plugs_in_by_its_entry_point(tmp_path):
     ran = subprocess.run([sys.executable, "-m", "fedsweep.cli", "run", str(config), "--quiet"], env=env,
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0 and "finished" in ran.stdout, ran.stderr[-2000:]
+    sweep = tmp_path / "s.yaml"   # a sweep of it, with no plugins: (its registration in a submodule of its package)
+    (site / "labpkg").mkdir()
+    (site / "labpkg" / "__init__.py").write_text("")
+    (site / "labpkg" / "hook.py").write_text("import labpkg.algos\n")
+    (site / "labpkg" / "algos.py").write_text(lab_text("pk_"))
+    (site / "labdist-1.0.dist-info" / "entry_points.txt").write_text(
+        "[fedsweep.plugins]\nlab = labdist_plugin\npkg = labpkg.hook\n")
+    sweep.write_text(yaml.safe_dump({"name": "eps", "base": {**tiny_raw(), "rounds": 2}, "methods": {"pk_half": {}},
+                                     "seeds": [0], "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}}))
+    for argv in (["--dry-run"], []):
+        swept = subprocess.run([sys.executable, "-m", "fedsweep.cli", "tune", str(sweep), *argv], env=env,
+                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert swept.returncode == 0, swept.stderr[-2000:]
+    assert "sweep done: 1 finished" in swept.stdout + swept.stderr, (swept.stdout + swept.stderr)[-2000:]
     (site / "labdist_plugin.py").write_text("raise RuntimeError('broken install')\n")
     broken = subprocess.run([sys.executable, "-m", "fedsweep.cli", "algorithms"], env=env, capture_output=True,
                             text=True, timeout=120)

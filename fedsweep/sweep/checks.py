@@ -119,8 +119,9 @@ def check_importable(trials: list[Trial], source: str = "sweep") -> None:
     covered: dict[tuple, set[str]] = {}
     for t in trials:
         specs = tuple(t.config.plugins)
-        if specs not in covered:
-            covered[specs] = {p.module for p in provenance(list(specs))}
+        if specs not in covered:   # an installed plugin's whole package: every process loads its entry point
+            covered[specs] = {p.module if p.origin == "plugins" else p.module.split(".")[0]
+                              for p in provenance(list(specs))}
         for registry, name in ((ALGORITHMS, t.config.algorithm.name), (MODELS, t.config.model.name),
                                (DATASETS, t.config.data.name)):
             entry = registry.get(name)

@@ -73,16 +73,22 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
     if sweep.search is not None:
         print(search_summary(sweep), file=out, flush=True)
     keep_all = show_all or sweep.pack not in (None, 1)
-    kept, first_of_method, count, groups = [], {}, 0, set()
+    kept, first_of_method, distinct, count, groups = [], {}, {}, 0, set()
     for trial in iter_trials(sweep, source=path, progress=Progress(total)):
         if keep_all or count < TABLE_ROWS:
             kept.append(trial)
         first_of_method.setdefault(trial.method, trial)
+        c = trial.config   # what tune's checks read: each distinct combination once
+        distinct.setdefault((c.algorithm.name, c.model.name, c.data.name, c.data.validation_fraction > 0,
+                             tuple(c.plugins)), trial)
         if sweep.confirm is not None:
             groups.add(selection_group(sweep, trial))
         count += 1
     methods = list(first_of_method.values())   # their keys are every trial's (a method's trials set the same)
     check_report(sweep, methods, source=path)
+    from fedsweep.sweep.checks import check_importable, select_on_validation
+    select_on_validation(sweep, list(distinct.values()), source=path)   # ASHA's and optuna's metric
+    check_importable(list(distinct.values()), source=path)              # what Ray workers can import
     units = pack_units(sweep, kept) if sweep.pack not in (None, 1) else []
     if units and len(units) < count:
         print(f"in {len(units):,} packs of up to {max(map(len, units))} trials (pack: {sweep.pack})", file=out)
