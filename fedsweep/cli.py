@@ -133,6 +133,39 @@ def main(argv: list[str] | None = None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:   # noqa: BLE001 - a user's code failing: one line, its traceback in a file
+        line = _user_code_failure(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 1
+
+
+def _user_code_failure(e: Exception) -> str | None:
+    """One line for an exception raised in a user's code (:func:`fedsweep.util.errors.user_frame`): the
+    hook, file and line, what it raised, and the file its whole traceback went to (./fedsweep_errors/);
+    None for any other (fedsweep's own: its traceback is the report)."""
+    import datetime
+    import os
+    import traceback
+
+    from fedsweep.util.errors import user_frame
+    frame = user_frame(e)
+    if frame is None:
+        return None
+    folder = os.path.join(os.getcwd(), "fedsweep_errors")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{stamp}-{os.getpid()}.txt")
+        with open(path, "w") as f:
+            f.write("".join(traceback.format_exception(e)))
+        kept = f"; the whole traceback: {os.path.relpath(path)}"
+    except OSError:
+        kept = ""
+    what = (str(e).strip().splitlines() or [""])[0][:300]
+    return (f"fedsweep: error: your code raised {type(e).__name__}: {what} (in {frame.name}, "
+            f"{frame.filename}:{frame.lineno}){kept}")
 
 
 # A trial's fedsweep.status values (fedsweep.runs.tracking.MLFLOW_STATUS), in the end-of-sweep line.

@@ -144,6 +144,8 @@ BAD = {
     "missing file": ("", {}, r"plugins: .*/lab/nothere\.py: no such file or folder"),
     "import error": ("x = 1 / 0\n", {}, r"plugins: .*/lab/bad\.py: importing it failed \(ZeroDivisionError: "
                                         r"division by zero at .*/lab/bad\.py:1\)"),
+    "syntax error": ("import fedsweep\n\ndef f(:\n    pass\n", {},
+                     r"plugins: .*/lab/bad\.py: importing it failed \(SyntaxError: invalid syntax at .*/lab/bad\.py:3\)"),
     "not an algorithm": ("import fedsweep\n@fedsweep.register_algorithm\nclass Nope:\n    name = 'nope'\n", {},
                          r"plugins: .*bad\.py: register_algorithm: Nope is not a subclass of fedsweep\.Algorithm"),
     "clash": ("import fedsweep\n@fedsweep.register_algorithm\nclass Mine(fedsweep.Algorithm):\n    name = 'fedavg'\n",
@@ -391,3 +393,25 @@ def test_a_plugin_named_as_a_standard_library_module_is_refused_by_name(plugin_d
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"{stem!r} is the name of a module of Python's standard library" in err and f"{stem}_plugin" in err, err
     assert not (tmp_path / "fedsweep_runs").exists() and not list(tmp_path.glob("**/*.lock"))
+
+
+def test_a_plugin_failing_while_a_run_trains_is_one_line_naming_its_hook_and_line(plugin_dir, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """An exception from a user's hook (here an algorithm's aggregate) ends `fedsweep run` with one line
+    naming the hook, the file and line and what it raised, exit 1, the whole traceback kept in a file;
+    fedsweep's own frames, Lightning's among them, stay out of the terminal."""
+    plugin_dir("boom.py", "import fedsweep\n@fedsweep.register_algorithm\nclass Boom(fedsweep.Algorithm):\n"
+                          "    \"\"\"Fails in its aggregate.\"\"\"\n    name = 'boom'\n\n"
+                          "    def aggregate(self, w, uploads, plan):\n        raise ValueError('my bug')\n")
+    path = plugin_dir.folder / "run.yaml"
+    path.write_text(yaml.safe_dump({**tiny_raw(rounds=2, algorithm={"name": "boom"}), "plugins": ["boom.py"],
+                                    "mlflow": {"enabled": False}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(path), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert __import__("re").fullmatch(r"fedsweep: error: your code raised ValueError: my bug \(in aggregate, "
+                                      r".*/lab/boom\.py:8\); the whole traceback: fedsweep_errors/.*\.txt", err), err
+    (kept,) = (tmp_path / "fedsweep_errors").iterdir()
+    assert "Traceback" in kept.read_text() and "lightning" in kept.read_text()
+
