@@ -60,11 +60,12 @@ def parts(n: int, mean_samples: int, repeat: int) -> dict:
     cfg = config(n, 1, mean_samples, clients="all", finetune=5)
     module = FederatedModule(cfg)
     module.build()
-    ev = module.client_eval
+    ev = module.client_eval.groups[0]   # the training clients (no unseen ones here)
     fm, w, bs = module.fmodel, module.w.detach(), cfg.eval.batch_size
     x, y, index = module.data.x_test, module.data.y_test, ev.test
     W = w + 0.01 * torch.randn(len(index), w.numel(), generator=torch.Generator().manual_seed(0))
-    loop_engine = ClientEvaluator(cfg, module.data, fm, "loop", module.algorithm, module.clients_cpu)
+    loop_engine = ClientEvaluator(cfg, module.data, fm, "loop", module.algorithm, module.clients_cpu, None,
+                                  ev.ids.numpy())
     chunk = torch.arange(min(64, n))
     out = {"clients": n, "test_samples_held": int(index.values.numel()),
            "distinct_test_samples": int(torch.unique(index.values).numel()),
