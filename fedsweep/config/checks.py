@@ -43,6 +43,12 @@ def check_validation_clients(data, evaluation) -> None:
                           f"allowed 1..{data.num_clients} (unset: every client)")
 
 
+def unseen_count(share: float, num_clients: int) -> int:
+    """How many of N clients ``eval.unseen_clients`` holds out of training: round(share·N), at least one
+    for a share above 0."""
+    return max(1, round(share * num_clients)) if share else 0
+
+
 def check_client_evaluation(data, evaluation, clients_per_round: int) -> None:
     """``eval.clients``: at least 1 and at most N; fine-tuning and unseen clients are scored per client, so
     they need them; unseen clients leave at least K clients to train."""
@@ -58,7 +64,7 @@ def check_client_evaluation(data, evaluation, clients_per_round: int) -> None:
                                   f"(all, or how many to draw) or unset eval.{key}")
     share = evaluation.unseen_clients
     if share:
-        unseen = max(1, round(share * data.num_clients))
+        unseen = unseen_count(share, data.num_clients)
         if data.num_clients - unseen < clients_per_round:
             raise ConfigError(f"eval.unseen_clients: {share} of data.num_clients N={data.num_clients} holds {unseen} "
                               f"clients out of training, leaving {data.num_clients - unseen}, fewer than "

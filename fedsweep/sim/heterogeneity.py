@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsweep.config.checks import unseen_count
 from fedsweep.config.schema import ConfigError, RunConfig
 from fedsweep.sim.client_index import ClientIndex
 from fedsweep.util.lazy import torch
@@ -149,7 +150,7 @@ def unseen_clients(share: float, num_clients: int, seed: int) -> np.ndarray:
     from ``(seed, -1, "unseen clients")``; none for share 0."""
     if not share:
         return np.zeros(0, np.int64)
-    count = max(1, round(share * num_clients))
+    count = unseen_count(share, num_clients)
     return np.sort(np_rng(seed, -1, "unseen clients").choice(num_clients, size=count, replace=False)).astype(np.int64)
 
 
