@@ -116,11 +116,14 @@ def _wait_for_flock(fd: int, directory: Path, say) -> None:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return                                 # no flock on this file system
         waited = time.monotonic() - start
+        if waited < SAY_AFTER_S:   # a store being created holds it ~2 s: wait before asking who
+            time.sleep(0.2)
+            continue
         holders = lock_holders(directory)
         who = "; ".join(f"pid {pid} ({cmd[:120] or '?'}{', stopped' if state == 'T' else ''})"
                         for pid, cmd, state in holders) or "another process"
         stopped = bool(holders) and all(state == "T" for _, _, state in holders)
-        if waited >= SAY_AFTER_S and not said:
+        if not said:
             said = True
             line = f"waiting for the MLflow store folder's lock ({directory}), held by {who} ..."
             (say or (lambda m: print(m, file=sys.stderr, flush=True)))(line)
@@ -146,14 +149,9 @@ def lock_holders(path: Path) -> list[tuple[int, str, str]]:
         fields = line.split()
         if "FLOCK" in fields and "->" not in fields and key in fields:
             pid = int(fields[fields.index(key) - 1])
-            try:
-                cmd = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split())
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                state = stat[stat.rindex(")") + 2:].split()[0]
-            except OSError:
-                cmd, state = "", "?"
+            seen = _process(pid)
             if pid != os.getpid():
-                out.append((pid, cmd, state))
+                out.append((pid, " ".join(seen[1].split()), seen[0][0]) if seen else (pid, "", "?"))
     return out
 
 
@@ -161,19 +159,26 @@ def lock_holders(path: Path) -> list[tuple[int, str, str]]:
 # What a SIGKILLed driver's local Ray instance leaves behind
 # ---------------------------------------------------------------------------------------------
 
+def _process(pid: int | str) -> tuple[list[str], str] | None:
+    """(the fields of /proc/<pid>/stat after "pid (comm) ": state, ppid, pgrp, ...; its command line),
+    or None where the process is gone or cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split(), cmd
+
+
 def _processes():
     """(pid, parent pid, process group, command line) of every live process we can see (Linux
     /proc); zombies, which only wait to be reaped, are left out."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state, ppid, pgrp, ...
-        if fields[0] != "Z":
+        seen = _process(entry.name)
+        if seen is not None and seen[0][0] != "Z":
+            fields, cmd = seen
             yield int(entry.name), int(fields[1]), int(fields[2]), cmd
 
 
