@@ -67,8 +67,12 @@ def config_rows(trials: pd.DataFrame, configs: pd.DataFrame, best: pd.DataFrame,
     from fedsweep.reports.trials import _setting_label
     settings, tuned = configs.attrs.get("settings", []), configs.attrs.get("tuned", [])
     target = configs.attrs.get("rule") == "target"
+    from fedsweep.reports.stats import _key
     labels = trials[trials["stage"] != "confirm"].groupby("config_id")["config_label"].first().to_dict() \
         if "config_label" in trials else {}
+
+    def name(r) -> str:   # the runs' name less the seed, as the trials' fedsweep.config tag has it
+        return labels.get(r["config_id"]) or f"{r['method']} {r['config'] or ''}".strip()
     rows = []
     for _, r in configs.iterrows():
         setting = _setting_label(r, settings)
@@ -78,28 +82,27 @@ def config_rows(trials: pd.DataFrame, configs: pd.DataFrame, best: pd.DataFrame,
             metrics.update({"selects_rounds": r["sel_rtt_mean"], "rounds/mean": r["rtt_mean"],
                             "rounds/reached": r["reached"]})
         rows.append({"key": f"tuning/{r['config_id']}/{setting}", "stage": "tuning",
-                     "name": labels.get(r["config_id"]) or f"{r['method']} {r['config'] or ''}".strip(),
-                     "params": _params(r, settings, tuned), "metrics": metrics,
+                     "name": name(r), "params": _params(r, settings, tuned), "metrics": metrics,
                      "tags": {"fedsweep.config_id": str(r["config_id"]), "selected": "yes" if r["rank"] == 1 else "no"}})
     called: dict[tuple, list] = {}
     for _, c in (comparisons if comparisons is not None else pd.DataFrame()).iterrows():
         called.setdefault((c["setting"], c["method"]), []).append(c)
+    reference = comparisons["reference"].iloc[0] if called else None
     for _, r in best.iterrows():
         setting = _setting_label(r, settings)
         metrics = {**_interval("score", r.get("acc_ci")), "seeds": r["n"]}
         if target:
             metrics.update({**_interval("rounds", r.get("rtt_ci")), "rounds/reached": r["reached"]})
         tags = {"fedsweep.config_id": str(r["config_id"]), "scored_on": str(r["scored_on"])}
-        for c in called.get((setting or "all", r["method"]), []):
+        for c in called.get(_key(r, settings), []):
             prefix, tag = ("vs_rounds", "verdict_rounds") if c["metric"] == "rounds_to_target" else ("vs_reference", "verdict")
             metrics.update({f"{prefix}/difference": c["difference"], f"{prefix}/adj_low": c["adj_ci_low"],
                             f"{prefix}/adj_high": c["adj_ci_high"]})
             tags[tag] = str(c["verdict"])
-        if called and r["method"] == (comparisons["reference"].iloc[0] if len(comparisons) else None):
+        if called and r["method"] == reference:
             tags["verdict"] = "reference"
         rows.append({"key": f"selected/{r['config_id']}/{setting}", "stage": "selected",
-                     "name": labels.get(r["config_id"]) or f"{r['method']} {r['config'] or ''}".strip(),
-                     "params": _params(r, settings, tuned), "metrics": metrics, "tags": tags})
+                     "name": name(r), "params": _params(r, settings, tuned), "metrics": metrics, "tags": tags})
     for row in rows:
         row["metrics"] = {k: v for k, v in ((k, _round(k, v)) for k, v in row["metrics"].items()) if v is not None}
     return rows
