@@ -236,15 +236,18 @@ def test_a_failing_write_waits_out_its_pause_while_rounds_keep_coming(tmp_path):
 
 def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
     """`--resume` of a run stopped early continues the MLflow run its checkpoint names, from the
-    first round it lacks; resumed with another round count (a param MLflow cannot change), it is a
+    first round it lacks, without the error an earlier process of it recorded; resumed with another round count (a param MLflow cannot change), it is a
     new run with every round."""
     from fedsweep.config.schema import build_config
     from fedsweep.runs.run import run
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     raw = {**tiny_raw(rounds=5), "mlflow": {"tracking_uri": uri, "experiment": "faults"}}
     first = run(build_config(raw), progress=False, ckpt_dir=tmp_path / "ck", max_rounds=2)
+    client_of(uri).set_tag(first["mlflow_run_id"], "fedsweep.error", "RuntimeError: what an earlier process died of")
     second = run(build_config(raw), progress=False, ckpt_dir=tmp_path / "ck", resume=tmp_path / "ck" / "last.ckpt")
     assert first["mlflow_run_id"] == second["mlflow_run_id"]
+    tags = client_of(uri).get_run(second["mlflow_run_id"]).data.tags
+    assert tags["fedsweep.status"] == "finished" and "fedsweep.error" not in tags   # it went on and finished
     assert steps(uri, second["mlflow_run_id"]) == [1, 2, 3, 4, 5]
     third = run(build_config({**raw, "rounds": 6}), progress=False, ckpt_dir=tmp_path / "ck",
                 resume=tmp_path / "ck" / "last.ckpt")

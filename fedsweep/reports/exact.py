@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -56,8 +56,9 @@ def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA, family: int | No
 def spent(looks: Sequence[int]) -> list[float]:
     """α of each look of a sequential confirm stage: spent in proportion to its seeds, α · (n_k −
     n_{k−1}) / n_K (the Kim–DeMets power family with ρ = 1, close to Pocock's boundary: a clear
-    difference can stop at the first look). The looks' levels add up to α, so by the union bound the
-    chance of any false call over every look stays below α (conservative: the looks share seeds)."""
+    difference can stop at the first look). The looks' levels add up to α; each look's test counts only
+    the sign patterns no earlier look rejected (:mod:`fedsweep.reports.sequential`), so the chance of a
+    false call over every look stays below α with the shared seeds accounted for."""
     return [ALPHA * (n - before) / looks[-1] for before, n in zip([0, *looks[:-1]], looks)]
 
 
@@ -129,25 +130,27 @@ def estimate(d: np.ndarray, kind: str) -> float:
 
 
 def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
-             centre: float | None = None) -> tuple[float, float]:
+             centre: float | None = None, test: Callable[[float], float] | None = None) -> tuple[float, float]:
     """The shifts the test does not reject at ``level`` (p ≥ level), cut to ±``bound``: each end found
     by bisection between an accepted shift and a rejected one, the accepted one being 0 where 0 is
     accepted and lies on that side, so that the interval holds 0 exactly when the test accepts it. The
     signed-rank test's accepted shifts need not be one piece (zeros dropped, ties): beyond each end its
     Walsh averages, where its statistic changes, are tried too, and the end moved out to the farthest
-    accepted one (the interval is then the hull of the accepted set, short of a rejected 0)."""
+    accepted one (the interval is then the hull of the accepted set, short of a rejected 0). ``test``:
+    the p of a shift (default: :func:`p_value` of ``d``; a sequential look's, :mod:`.sequential`)."""
     d = np.asarray(d, dtype=float)
+    test = test or functools.partial(p_value, d, kind)
     centre = estimate(d, kind) if centre is None else centre
     if smallest_p(len(d)) >= level:     # no shift is rejected: every one the bound allows
         return -bound, bound
-    zero_ok = p_value(d, kind) >= level
+    zero_ok = test(0.0) >= level
     scale = max(float(np.ptp(d)), abs(centre), TOLERANCE)
 
     def end(sign: float) -> float:
         accepted = 0.0 if zero_ok and sign * (0.0 - centre) > 0 else centre
         step = scale
         rejected = accepted + sign * step
-        while p_value(d, kind, rejected) >= level:
+        while test(rejected) >= level:
             if abs(rejected) >= bound:
                 return sign * bound
             accepted, step = rejected, 2 * step
@@ -156,12 +159,12 @@ def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
             if abs(rejected - accepted) <= 1e-9 * scale:
                 break
             mid = (accepted + rejected) / 2
-            if p_value(d, kind, mid) >= level:
+            if test(mid) >= level:
                 accepted = mid
             else:
                 rejected = mid
         if kind == RANK:
-            accepted = _outermost(d, level, accepted, sign, bound, zero_ok, scale)
+            accepted = _outermost(d, level, accepted, sign, bound, zero_ok, scale, test)
         accepted = _snap(float(np.clip(accepted, -bound, bound)), scale)
         return 0.0 if zero_ok and abs(accepted) < 10 * TOLERANCE else accepted   # a tie with 0, as the test sees it
 
@@ -169,7 +172,7 @@ def interval(d: np.ndarray, kind: str, level: float, bound: float = math.inf,
 
 
 def _outermost(d: np.ndarray, level: float, found: float, sign: float, bound: float, zero_ok: bool,
-               scale: float) -> float:
+               scale: float, test: Callable[[float], float]) -> float:
     """The farthest accepted shift of the signed-rank test beyond ``found`` on side ``sign``: its statistic
     is constant between consecutive Walsh averages, so each gap's midpoint and each average are tried
     (a few: an end sits near an extreme quantile of them); a rejected 0 is not crossed."""
@@ -183,7 +186,7 @@ def _outermost(d: np.ndarray, level: float, found: float, sign: float, bound: fl
     for w in out:
         if abs(w) > bound and abs(previous) >= bound:
             break
-        if p_value(d, RANK, (previous + w) / 2) >= level or p_value(d, RANK, w) >= level:
+        if test((previous + w) / 2) >= level or test(w) >= level:
             farthest = w
         previous = w
     return farthest

@@ -46,9 +46,12 @@ choice: the ``runs_column`` it names).
   infinite where 2 / 2^n ≥ α / m, which no difference can pass; for a metric on a grid (rounds,
   reached) the samples are rounded to it (``exact.grid_mde``). ``mde`` repeats it for inconclusive
   rows.
+- **Looks** of a confirm stage that adds seeds until answered: each at its share of α, a comparison
+  tested at an earlier look by the exact group-sequential p of :mod:`fedsweep.reports.sequential`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from contextlib import contextmanager
@@ -61,6 +64,8 @@ from scipy import stats
 
 from fedsweep.reports.exact import (ALPHA, CONFIDENCE, DRAWS, EXACT_UP_TO, MEAN, RANK, TESTS, TOLERANCE, estimate,
                                    holm, holm_levels, interval, p_value, power_mde, smallest_p, spent)
+from fedsweep.reports.sequential import EXACT_UP_TO as SEQUENTIAL_UP_TO
+from fedsweep.reports.sequential import holm_sequential, sequential_p
 from fedsweep.reports.trials import SCORED, _col, _setting_label
 
 COLUMNS = ["setting", "metric", "method", "reference", "n_seeds", "difference", "ci_low", "ci_high", "p_adjusted",
@@ -243,15 +248,16 @@ def compare(method_values: pd.DataFrame, reference_values: pd.DataFrame, metric:
     return {**row, "note": "; ".join(notes)}
 
 
-def verdict(row: dict, level: float, metric: Metric) -> tuple[str, str, float, float]:
-    """(verdict, note, adjusted low, adjusted high) of a compared row tested at ``level``."""
+def verdict(row: dict, level: float, metric: Metric, test=None) -> tuple[str, str, float, float]:
+    """(verdict, note, adjusted low, adjusted high) of a compared row tested at ``level`` (by ``test``,
+    a shift's p: a sequential look's; default the row's own exact test)."""
     note = row["note"]
     if row["n_seeds"] < 2 or math.isnan(level):
         return "not tested", note, math.nan, math.nan
     d = row["d"]
     censored = bool(row["censored_method"] or row["censored_reference"])
     low, high = _bounds(row, metric.kind, level, metric.span) if censored else \
-        interval(d, metric.kind, level, metric.span, row["difference"])
+        interval(d, metric.kind, level, metric.span, row["difference"], test)
     notes = [note] if note else []
     if smallest_p(len(d)) >= level:
         notes.append(f"{len(d)} seeds cannot reach the adjusted level {level:.3g} (their smallest p is "
@@ -291,17 +297,24 @@ def _pairs_to_compare(values: dict[tuple[str, str], pd.DataFrame], reference: st
 
 def _look_rows(tested: list[dict], alpha: float, family: int, called_before: int) -> list[dict]:
     """The compared rows of one look, with their verdicts: Holm at ``alpha`` over ``family``
-    comparisons, ``called_before`` of them called at earlier looks."""
-    ps = [row["p"] for row in tested]
-    levels, _ = holm_levels(ps, alpha, family, called_before)
+    comparisons, ``called_before`` of them called at earlier looks; a row with ``sequential`` (its p
+    at Holm's step h and a shift) tested by it (:func:`fedsweep.reports.sequential.holm_sequential`)."""
+    testable = [i for i, row in enumerate(tested) if not math.isnan(row["p"])]
+    p_at = [functools.lru_cache(maxsize=None)(functools.partial(tested[i]["sequential"], shift=0.0))
+            if tested[i].get("sequential") else (lambda h, p=tested[i]["p"]: p) for i in testable]
+    found = holm_sequential(p_at, alpha, family, called_before)
+    levels, ps = np.full(len(tested), math.nan), np.full(len(tested), math.nan)
+    levels[testable], ps[testable] = found
     adjusted = holm(ps, family, called_before) * (ALPHA / alpha)   # < 0.05 exactly where called
     strictest = alpha / max(family - called_before, 1)
     out = []
-    for row, level, p_adj in zip(tested, levels, adjusted):
-        metric = row["spec"]
-        called, note, low, high = verdict(row, level, metric)
-        out.append({**row, "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan, "verdict": called,
-                    "note": note, "adj_ci_low": low, "adj_ci_high": high,
+    for row, level, p, p_adj in zip(tested, levels, ps, adjusted):
+        metric, sequential = row["spec"], row.pop("sequential", None)
+        h = round(alpha / level) if sequential and not math.isnan(level) else None
+        test = functools.partial(sequential, h) if h else None
+        called, note, low, high = verdict(row, level, metric, test)
+        out.append({**row, "p": row["p"], "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan,
+                    "verdict": called, "note": note, "adj_ci_low": low, "adj_ci_high": high,
                     "power_mde": power_mde(row["d"], metric.kind, strictest, metric.resolution, metric.grid)})
     return out
 
@@ -314,9 +327,10 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
 
     ``looks`` (with ``order``, the confirm seeds in the order they run): a sequential confirm stage
     looks after the first ``looks[k]`` seeds of ``order``. Each look tests, at its share of α
-    (:func:`spent`), the comparisons not yet answered that have seeds of that look; Holm runs over
-    every comparison that can be tested (two paired seeds), those called at earlier looks taking its first
-    steps. A comparison ``better``,
+    (:func:`spent`), the comparisons not yet answered that have seeds of that look, each a comparison
+    tested before by its sequential p (the patterns its earlier looks rejected not counted again:
+    :mod:`fedsweep.reports.sequential`); Holm runs over every comparison that can be tested (two
+    paired seeds), those called at earlier looks taking its first steps. A comparison ``better``,
     ``worse`` or ``equivalent`` stops there (``stop_reason`` ``answered``); one still inconclusive
     at the last look: ``max_seeds reached``; one without the seeds of the next look: ``open`` (the
     driver runs them next, or the sweep was cut short). Without ``looks``: one look on every seed
@@ -328,6 +342,7 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
     alphas = spent(plan) if looks else [ALPHA]
     final: dict[int, dict] = {}
     pending, called_before = list(range(len(pairs))), 0
+    history: dict[int, list[tuple[int, float]]] = {i: [] for i in range(len(pairs))}   # (seeds, α share) per look tested
     for k, (n, alpha) in enumerate(zip(plan, alphas)):
         before = plan[k - 1] if k else 0
         tested, idle = [], []
@@ -341,8 +356,12 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
                 if k and not (set(frame["seed"]) & set(ref["seed"]) & fresh):
                     idle.append(i)     # not run on this look's seeds
                     continue
-            tested.append({**{key: pair[key] for key in ("setting", "metric", "method", "reference", "spec")},
-                           **compare(frame, ref, pair["spec"]), "index": i})
+            row = {**{key: pair[key] for key in ("setting", "metric", "method", "reference", "spec")},
+                   **compare(frame, ref, pair["spec"]), "index": i}
+            if history[i] and not (row["censored_method"] or row["censored_reference"]) and \
+                    2 <= row["n_seeds"] <= SEQUENTIAL_UP_TO:
+                row["sequential"] = _sequential(frame, ref, pair["spec"], order, history[i])
+            tested.append(row)
         for i in idle:
             final[i]["stop_reason"] = "open"
         pending = []
@@ -353,6 +372,8 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
             row["stop_reason"] = ("fixed seeds" if not looks else "answered" if answered
                                   else "max_seeds reached" if last else "open")
             final[row["index"]] = row
+            if not math.isnan(row["p"]):
+                history[row["index"]].append((row["n_seeds"], alpha))
             if not answered:
                 pending.append(row["index"])
     rows = [final[i] for i in range(len(pairs))]
@@ -361,6 +382,21 @@ def comparison_table(values: dict[tuple[str, str], pd.DataFrame], reference: str
     table["margin"] = [pair["spec"].margin for pair in pairs]
     table["seeds_used"] = table["n_seeds"]
     return table[COLUMNS]
+
+
+def _sequential(frame: pd.DataFrame, ref: pd.DataFrame, metric: Metric, order: Sequence[int],
+                history: list[tuple[int, float]]):
+    """A comparison's p at this look as a function of Holm's step h and a shift: equation (1) of
+    :mod:`fedsweep.reports.sequential` on its paired differences in the order their seeds ran, its
+    earlier looks (``history``: paired seeds, share of α) at their shares / h."""
+    by_seed, _, _ = differences_by_seed(frame, ref, metric)
+    position = {seed: i for i, seed in enumerate(order)}
+    d = by_seed.to_numpy(float)[np.argsort([position[s] for s in by_seed.index], kind="stable")]
+    sizes, shares = [n for n, _ in history] + [len(d)], [a for _, a in history]
+
+    def p(h: int, shift: float) -> float:
+        return sequential_p(d, metric.kind, sizes, [a / h for a in shares], shift)
+    return p
 
 
 def _key(row, settings: Sequence[str]) -> tuple[str, str]:

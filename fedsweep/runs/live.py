@@ -58,6 +58,8 @@ class LiveRun:
                               "fedsweep.run_uid": self.identity["run_uid"], **plugin_tags(records(self.cfg.plugins)),
                               **writer_tags(self.checkpoint_dir)},
                         params=self.cfg.flat(), config=self.cfg.model_dump(mode="json"))
+        if reopen:   # it goes on: an earlier process's failure no longer describes it (a new one says its own)
+            writer.delete_tag(KEY, "fedsweep.error")
 
     def start(self) -> None:
         """Create (or reopen) the run; wait up to :data:`START_WAIT_S` for the store, so that a store
