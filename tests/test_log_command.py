@@ -97,3 +97,15 @@ def test_store_errors_read_as_what_they_mean():
     assert cause(Exception("(sqlite3.OperationalError) database is locked")).startswith(
         "another process holds the store's lock")
     assert silence(30).startswith("no answer in 30 s: the write under way still waits")
+
+
+def test_a_store_whose_folder_was_deleted_is_not_made_anew(tmp_path, capsys):
+    """The records' own store is gone with its folder: one line, nothing created there; --tracking-uri
+    writes them elsewhere."""
+    uri = f"sqlite:///{tmp_path / 'gone' / 'mlflow.db'}"
+    folder = kept_folder(tmp_path, uri)
+    assert main(["log", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is gone" in err and "--tracking-uri" in err, err
+    assert not (tmp_path / "gone").exists()
+    assert main(["log", str(folder), "--tracking-uri", f"sqlite:///{tmp_path / 'other.db'}"]) == 0

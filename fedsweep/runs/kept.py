@@ -70,7 +70,7 @@ def log_unlogged(folder: str | Path, uri: str | None = None, experiment: str | N
     import fcntl
     import json
 
-    from fedsweep.runs.tracking import check_store
+    from fedsweep.runs.tracking import check_store, sqlite_path
     from fedsweep.runs.writer import RECORDS
     out = out or sys.stdout
     folder = Path(folder)
@@ -106,7 +106,13 @@ def log_unlogged(folder: str | Path, uri: str | None = None, experiment: str | N
         if problem:
             raise ConfigError(f"{folder}/{RECORDS}: {problem}; the folder is damaged, so these records cannot be "
                               "written (what they held is in the folder for a person to read)")
-        target = check_store(uri or record["tracking_uri"], key="--tracking-uri" if uri else "the records' store",
+        meant = record["tracking_uri"]
+        if uri is None and meant.startswith("sqlite:///") and not sqlite_path(meant).parent.is_dir():
+            # the run made that folder: gone now (deleted, moved, unmounted), not a store to create anew
+            raise ConfigError(f"{folder}: the store these records were meant for, {meant}, is gone (its folder "
+                              f"{sqlite_path(meant).parent} is not there); nothing written, nothing created: put "
+                              "it back, or write them to another store with --tracking-uri")
+        target = check_store(uri or meant, key="--tracking-uri" if uri else "the records' store",
                              experiment=experiment)
         from fedsweep.runs.orphans import end_orphaned_runs
         end_orphaned_runs(target)
