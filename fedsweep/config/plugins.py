@@ -255,9 +255,22 @@ def source_files(plugin: Plugin) -> list[tuple[str, Path]]:
 # Installed plugins, and what a run records
 # ---------------------------------------------------------------------------------------------
 
+#: Set (to anything but 0) to skip installed plugins, as PYTEST_DISABLE_PLUGIN_AUTOLOAD does for pytest.
+NO_ENTRY_POINTS = "FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD"
+
+#: One line per installed plugin that failed to load: said once as a warning, and again where a config
+#: names something fedsweep does not know (what it registers may be that).
+broken: list[str] = []
+
+
 def load_entry_points() -> None:
-    """Every installed package's ``fedsweep.plugins`` entry points, once (called with the built-ins)."""
+    """Every installed package's ``fedsweep.plugins`` entry points, once (called with the built-ins). One
+    that fails to load is one warning line on stderr, not an error: the commands that do not use what it
+    registers go on, and one that does names it (:data:`broken`). ``$FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD``
+    skips them all."""
     from importlib.metadata import entry_points
+    if os.environ.get(NO_ENTRY_POINTS, "").strip() not in ("", "0"):
+        return
     for ep in entry_points(group="fedsweep.plugins"):
         dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
         what = f"installed plugin {ep.name!r} ({dist}: {ep.value})"
@@ -265,11 +278,12 @@ def load_entry_points() -> None:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, type(sys)):
                 obj()
-        except ConfigError as e:
-            raise ConfigError(f"{what}: {e}") from None
         except Exception as e:  # noqa: BLE001 - one line naming the package, not a traceback
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise ConfigError(f"{what}: loading it failed ({type(e).__name__}: {first}); uninstall or fix it") from None
+            broken.append(f"{what} failed to load ({type(e).__name__}: {first})")
+            print(f"fedsweep: warning: {broken[-1]}; what it registers is unavailable: uninstall or fix it "
+                  f"({NO_ENTRY_POINTS}=1 skips installed plugins)", file=sys.stderr, flush=True)
+            continue
         module = sys.modules.get(ep.module)
         if module is not None:
             _entry_points.append(_plugin(ep.value, module, f"entry point {dist}"))

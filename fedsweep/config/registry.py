@@ -98,8 +98,10 @@ class Registry:
     def get(self, name: str) -> Entry:
         load_builtins()
         if not isinstance(name, str) or name not in self._entries:
+            from fedsweep.config.plugins import broken
+            failed = f"; {'; '.join(broken)}, and may register it" if broken else ""
             raise ConfigError(f"{self.key}: unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
-                              f"{_PLUGIN_HINT}")
+                              f"{_PLUGIN_HINT}{failed}")
         return self._entries[name]
 
     def names(self) -> list[str]:
