@@ -350,10 +350,12 @@ def sweep_report(sweep: str | os.PathLike | dict, out_dir: str | os.PathLike | N
     from fedsweep.sweep.confirm import looks, seed_order
     from fedsweep.sweep.search import sampled_keys
     from fedsweep.sweep.spec import expand, load_sweep, sweep_source
+    from fedsweep.config.registry import as_recorded
     sweep = plain(sweep)
-    spec, source = load_sweep(sweep), sweep_source(sweep)
-    trials = expand(spec, source=source)
-    check_report(spec, trials, source=source)
+    with as_recorded():   # the sweep's plugins are not imported: the runs hold what they were
+        spec, source = load_sweep(sweep), sweep_source(sweep)
+        trials = expand(spec, source=source)
+        check_report(spec, trials, source=source)
     folder = str(out_dir) if out_dir else os.path.join("reports", spec.name)
     key = option if out_dir else f"{option} (default)"
     _check_out(folder, key, option)

@@ -312,7 +312,8 @@ def test_an_installed_package_plugs_in_by_its_entry_point(tmp_path):
 def test_a_sweep_resumes_only_with_the_plugins_it_started_with(plugin_dir, tmp_path, monkeypatch, capsys):
     """A sweep interrupted (Ctrl-C) and its plugin edited: `--resume` is refused in one line naming the
     plugin; with the file as it was, `--resume` finishes every trial (each worker checks it imports
-    the same source the sweep started with)."""
+    the same source the sweep started with). Its report and `fedsweep ui` read it in a new process where
+    the plugin file is gone, and where it is a file that would run code: neither imports it."""
     import time
 
     from raycluster import interrupt
@@ -343,6 +344,18 @@ def test_a_sweep_resumes_only_with_the_plugins_it_started_with(plugin_dir, tmp_p
     assert main(["tune", str(sweep), "--resume"]) == 0
     _, runs = trial_runs(uri, "edited")
     assert sorted(r.data.tags["fedsweep.status"] for r in runs) == ["finished", "finished"]
+    # read where the plugin is gone, or where its file would run code: report and ui import no plugin
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    path.unlink()
+    report = subprocess.run([sys.executable, "-m", "fedsweep.cli", "report", str(sweep), "--out", "gone"], env=env,
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert report.returncode == 0 and "lab_half" in (tmp_path / "gone" / "report.md").read_text(), report.stderr
+    path.write_text("open('PWNED', 'w').write('ran')\n")
+    read = subprocess.run([sys.executable, "-c", "import fedsweep, sys; from fedsweep.runs.ui import target_store; "
+                           "print(target_store(sys.argv[1], None, None)); fedsweep.report(sys.argv[1], out='hostile')",
+                           str(sweep)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert read.returncode == 0 and "(None, 'edited', 'edited')" in read.stdout, read.stderr   # the store: $MLFLOW_TRACKING_URI
+    assert not (tmp_path / "PWNED").exists() and not (plugin_dir.folder / "PWNED").exists()
 
 
 @pytest.mark.usefixtures("fresh_home")

@@ -88,6 +88,9 @@ def _is_plugin_path(p: Path) -> bool:
 def load_plugins(specs: list[str], key: str = "plugins") -> list[Plugin]:
     """Import each resolved spec (once a process, again where its source changed since); one line
     naming ``key`` and the plugin for a file that is missing, an import that fails, a clash."""
+    from fedsweep.config.registry import reading_as_recorded
+    if reading_as_recorded():   # a reading command: the runs hold what the plugins were; run none of their code
+        return []
     with _lock:
         return [_load(spec, key) for spec in specs]
 

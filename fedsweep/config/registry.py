@@ -17,6 +17,8 @@ command that trains nothing never imports torch (the built-ins' registrations im
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import inspect
 import sys
@@ -97,12 +99,26 @@ class Registry:
 
     def get(self, name: str) -> Entry:
         load_builtins()
+        if isinstance(name, str) and name not in self._entries and _as_recorded.get():
+            return self._recorded(name)
         if not isinstance(name, str) or name not in self._entries:
             from fedsweep.config.plugins import broken
             failed = f"; {'; '.join(broken)}, and may register it" if broken else ""
             raise ConfigError(f"{self.key}: unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
                               f"{_PLUGIN_HINT}{failed}")
         return self._entries[name]
+
+    def _recorded(self, name: str) -> Entry:
+        """A stand-in for a component no registry holds, read under :func:`as_recorded`: any options, no
+        checks of its own (the runs that used it hold what it was)."""
+        from pydantic import ConfigDict, create_model
+        options = create_model(f"{name} options (as recorded)", __config__=ConfigDict(extra="allow"))
+        obj: Any = lambda **kwargs: None   # noqa: E731 - never called: a reading command builds nothing
+        if self is ALGORITHMS:
+            from fedsweep.algorithms.base import Algorithm
+            obj = type(f"Recorded_{name}", (Algorithm,), {"name": name, "Params": options,
+                                                            "__doc__": "(as recorded: not imported)"})
+        return Entry(self.kind, name, obj, "(as recorded)", options, takes=DATASET_CONTEXT)
 
     def names(self) -> list[str]:
         load_builtins()
@@ -117,6 +133,27 @@ _PLUGIN_HINT = " (your own: name its file in `plugins:`, docs/extending.md)"
 ALGORITHMS = Registry("algorithm", "algorithm.name")
 MODELS = Registry("model", "model.name")
 DATASETS = Registry("dataset", "data.name")
+
+
+_as_recorded: contextvars.ContextVar[bool] = contextvars.ContextVar("fedsweep_as_recorded", default=False)
+
+
+@contextlib.contextmanager
+def as_recorded():
+    """What reading commands (``fedsweep report``, ``ui``) read a sweep or run config under: no plugin is
+    imported (:func:`fedsweep.config.plugins.load_plugins` imports nothing), and a name no registry
+    holds stands for what the runs recorded. Reading a colleague's results runs none of their code,
+    and works where their plugin file is gone."""
+    token = _as_recorded.set(True)
+    try:
+        yield
+    finally:
+        _as_recorded.reset(token)
+
+
+def reading_as_recorded() -> bool:
+    """Whether this is read under :func:`as_recorded`."""
+    return _as_recorded.get()
 
 
 def _module_where(module: str) -> str:

@@ -49,15 +49,18 @@ def target_store(target: str | None, uri: str | None,
     if not path.is_file():
         raise ConfigError(f"{target}: no such file; give a sweep file or run config (its MLflow store and "
                           f"experiment are opened), or leave it out for $MLFLOW_TRACKING_URI or ./mlflow.db")
+    from fedsweep.config.registry import as_recorded
     from fedsweep.config.schema import load_yaml
     raw = load_yaml(path) or {}
     if isinstance(raw.get("base"), dict):   # a sweep file
         from fedsweep.sweep.spec import load_sweep
-        sweep = load_sweep(path)
+        with as_recorded():   # its plugins are not imported: the UI shows what the runs recorded
+            sweep = load_sweep(path)
         return (uri or sweep.mlflow.tracking_uri or sweep.base.get("mlflow", {}).get("tracking_uri"),
                 experiment or sweep.mlflow.experiment or sweep.name, sweep.name)
     from fedsweep.config.schema import build_config
-    cfg = build_config(raw, [])
+    with as_recorded():
+        cfg = build_config(raw, [])
     return uri or cfg.mlflow.tracking_uri, experiment or cfg.mlflow.experiment, None
 
 
