@@ -143,3 +143,29 @@ def test_pack_seeds_packs_the_seeds_of_each_config(tmp_path, capsys):
     assert len(units) == 4 and all(len({trials[i].config_id for i in u}) == 1 for u in units)
     assert main(["tune", path, "--dry-run"]) == 0
     assert "d: 12 trials\nin 4 packs of up to 3 trials (pack: seeds)\n" in capsys.readouterr().out
+
+
+def test_a_pack_whose_state_outgrows_the_memory_is_refused_by_dry_run_as_by_tune(tmp_path, capsys):
+    """SCAFFOLD's c_i for up to 100,000 clients of a 568 kB model, two seeds in one process: what each
+    trial would refuse once started is one line before Ray, from --dry-run and from tune alike; a small
+    federation passes."""
+    from fedsweep.runs.memory import available_bytes
+    free = available_bytes("cpu")
+    per_run = 100_000 * 142_010 * 4                    # clients × mlp(hidden 2000) on synthetic's 60 inputs × float32
+    if free is None or not (free < 2 * per_run):
+        pytest.skip("this machine has the memory for it")
+    base = {"rounds": 100000, "clients_per_round": 10, "algorithm": {"name": "scaffold"}, "device": "cpu",
+            "data": {"name": "synthetic", "num_clients": 100000, "options": {"mean_samples": 2}},
+            "model": {"name": "mlp", "options": {"hidden": 2000}}}
+    path = write_sweep(tmp_path / "m.yaml", "m", base=base, seeds=[0, 1], pack="seeds", grid={},
+                       methods={"scaffold": {}})
+    for argv in (["--dry-run"], []):
+        capsys.readouterr()
+        assert main(["tune", path, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "scaffold keeps 1 row(s) of 568 kB for each client" in err and \
+            "(2 runs in this process)" in err and "pack fewer trials together (pack:)" in err and \
+            "(a pack of 2 trials, scaffold seed=0 the first)" in err, err
+    small = write_sweep(tmp_path / "s.yaml", "s", base={**base, "data": {**base["data"], "num_clients": 100}},
+                        seeds=[0, 1], pack="seeds", grid={}, methods={"scaffold": {}})
+    assert main(["tune", small, "--dry-run"]) == 0

@@ -141,6 +141,8 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
     their own files), a torchvision dataset's missing files."""
     check_importable(trials, source)
     check_data(trials, source)
+    if local:
+        check_state_memory(sweep, trials, source)
     if sweep.resources.gpu == 0:
         cuda = next((t for t in trials if t.config.device == "cuda"), None)
         if cuda is not None:
@@ -150,6 +152,51 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
         from fedsweep.data.sources import check_files
         _check_each_distinct(trials, lambda t: t.config.data.model_dump_json(), lambda t: check_files(t.config.data),
                              source)
+
+
+def check_state_memory(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
+    """What a trial checks once it starts (:func:`fedsweep.runs.memory.check_state_fits`), here before
+    Ray: the per-client state its algorithm may grow to (SCAFFOLD's c_i, FedDyn's ∇L_i), summed over
+    the trials one process trains (a pack's members), fits the memory free on this machine; else one
+    line naming the pack, instead of every trial failing alike. Only CPU trials of a dataset made here
+    (``preflight``: its inputs give the model's size) are checked; a GPU's memory is the trials' own."""
+    import torch
+
+    from fedsweep.config.registry import DATASETS, get_algorithm_class
+    from fedsweep.data import split_federated
+    from fedsweep.runs.memory import check_state_fits, state_bound
+    from fedsweep.sim.models import build_model
+    from fedsweep.sweep.units import pack_units
+
+    def checked(t: Trial) -> bool:
+        c = t.config
+        on_cpu = c.device == "cpu" or c.device == "auto" and not torch.cuda.is_available()
+        return bool(get_algorithm_class(c.algorithm.name).client_rows) and on_cpu and \
+            DATASETS.get(c.data.name).extra.get("preflight", True)
+    if not any(checked(t) for t in trials):
+        return
+    dims: dict[str, int] = {}
+
+    def dim(t: Trial) -> int:
+        c = t.config
+        key = c.data.model_dump_json() + c.server_data.model_dump_json() + c.model.model_dump_json()
+        if key not in dims:
+            s = split_federated(c.data, c.seed, server=c.server_data)
+            model = build_model(c.model, tuple(s.source.x_train.shape[1:]), int(s.source.num_classes))
+            dims[key] = sum(p.numel() for p in model.parameters())
+        return dims[key]
+    by_index = {t.index: t for t in trials}
+    for unit in pack_units(sweep, trials):
+        members = [by_index[i] for i in unit if checked(by_index[i])]
+        if not members:
+            continue
+        try:
+            check_state_fits([(t.config, state_bound(t.config, dim(t))) for t in members], "cpu")
+        except ConfigError as e:
+            what = f"trial {members[0].label}" if len(unit) == 1 else \
+                f"a pack of {len(unit)} trials, {members[0].label} the first"
+            fewer = ", or pack fewer trials together (pack:)" if len(unit) > 1 else ""
+            raise ConfigError(f"{source}: {e}{fewer} ({what})") from None
 
 
 def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:

@@ -65,15 +65,18 @@ def rounds_margin_note(margin: float, every: int) -> str:
             "called)")
 
 
-def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
+def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False, local: bool = True) -> dict:
     """Print the sweep's trial count, search, packs and trial table to ``out``; check every trial's
-    config and the ``report:`` keys as ``tune`` does before running. Returns ``{"trials": count}``."""
+    config, the ``report:`` keys and what the trials need to run (:func:`check_runnable`: plugins, data
+    splits, per-client state in memory; ``local``: files, this machine's memory) as ``tune`` does before
+    running. Returns ``{"trials": count}``."""
     total = trial_count(sweep)
     print(f"{sweep.name}: {total:,} trials", file=out, flush=True)
     if sweep.search is not None:
         print(search_summary(sweep), file=out, flush=True)
+    from fedsweep.config.registry import DATASETS
     keep_all = show_all or sweep.pack not in (None, 1)
-    kept, first_of_method, distinct, count, groups = [], {}, {}, 0, set()
+    kept, first_of_method, distinct, runnable, count, groups = [], {}, {}, {}, 0, set()
     for trial in iter_trials(sweep, source=path, progress=Progress(total)):
         if keep_all or count < TABLE_ROWS:
             kept.append(trial)
@@ -81,15 +84,18 @@ def dry_run(sweep: SweepConfig, path: str, out, show_all: bool = False) -> dict:
         c = trial.config   # what tune's checks read: each distinct combination once
         distinct.setdefault((c.algorithm.name, c.model.name, c.data.name, c.data.validation_fraction > 0,
                              tuple(c.plugins)), trial)
+        seeded = "seed" in DATASETS.get(c.data.name).takes          # its split differs by seed (synthetic)
+        runnable.setdefault(c.model_dump_json(exclude={"seed"}) + (str(c.seed) if seeded else ""), trial)
         if sweep.confirm is not None:
             groups.add(selection_group(sweep, trial))
         count += 1
     methods = list(first_of_method.values())   # their keys are every trial's (a method's trials set the same)
     check_report(sweep, methods, source=path)
-    from fedsweep.sweep.checks import check_importable, select_on_validation
+    from fedsweep.sweep.checks import check_runnable, select_on_validation
     select_on_validation(sweep, list(distinct.values()), source=path)   # ASHA's and optuna's metric
-    check_importable(list(distinct.values()), source=path)              # what Ray workers can import
-    units = pack_units(sweep, kept) if sweep.pack not in (None, 1) else []
+    packed = sweep.pack not in (None, 1)
+    check_runnable(sweep, kept if packed else list(runnable.values()), source=path, local=local)   # as tune does
+    units = pack_units(sweep, kept) if packed else []
     if units and len(units) < count:
         print(f"in {len(units):,} packs of up to {max(map(len, units))} trials (pack: {sweep.pack})", file=out)
     shown = kept if show_all else kept[:TABLE_ROWS]

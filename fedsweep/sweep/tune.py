@@ -150,7 +150,7 @@ def tune_sweep(path: str | Path | dict, *, resume: bool = False, restart: bool =
     sweep = load_sweep(path)
     source = sweep_source(path)
     if dry_run:
-        return print_dry_run(sweep, source, out, show_all=show_all)
+        return print_dry_run(sweep, source, out, show_all=show_all, local=not address)
     record = sweep_record(path)   # the parent run's sweep.yaml: the file as it was read, or the mapping
     from fedsweep.sweep.dryrun import Progress
     trials = list(iter_trials(sweep, source=source, progress=Progress(trial_count(sweep)) if progress else None))
