@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -439,3 +440,32 @@ def test_a_plugin_failing_while_a_run_trains_is_one_line_naming_its_hook_and_lin
     (kept,) = (tmp_path / "fedsweep_errors").iterdir()
     assert "Traceback" in kept.read_text() and "lightning" in kept.read_text()
 
+
+
+@pytest.mark.usefixtures("fresh_home")
+def test_a_plugin_failing_in_a_sweep_fails_its_trial_once_with_its_line_and_traceback(plugin_dir, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """An exception from a user's hook inside a sweep's trial: the trial fails at once (not retried, though
+    `max_failures: 1`: it would fail the same way again), its line names the hook, file and line, its run
+    keeps the traceback (error.txt), and the sweep exits 4 naming it."""
+    from test_tune import trial_runs
+    plugin_dir("boom.py", "import fedsweep\n@fedsweep.register_algorithm\nclass Boom(fedsweep.Algorithm):\n"
+                          "    \"\"\"Fails in its aggregate.\"\"\"\n    name = 'boom'\n\n"
+                          "    def aggregate(self, w, uploads, plan):\n        raise ValueError('my bug')\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = plugin_dir.folder / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"plugins": ["boom.py"], "name": "boom", "base": tiny_raw(rounds=4),
+                                     "methods": {"boom": {}}, "seeds": [0], "max_failures": 1,
+                                     "mlflow": {"tracking_uri": uri}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", str(sweep), "--no-report"]) == 4
+    printed = capsys.readouterr()
+    line = r"your code raised ValueError: my bug \(in aggregate, .*/lab/boom\.py:8\); not retried: it would fail " \
+           r"the same way again"
+    assert "[retrying]" not in printed.err and __import__("re").search(r"\[failed\] boom .*: " + line, printed.err), \
+        printed.err
+    client, (run,) = trial_runs(uri, "boom")
+    assert run.data.tags["fedsweep.status"] == "failed" and run.info.status == "FAILED"
+    assert __import__("re").fullmatch(line, run.data.tags["fedsweep.error"]), run.data.tags["fedsweep.error"]
+    traceback = Path(client.download_artifacts(run.info.run_id, "error.txt", str(tmp_path))).read_text()
+    assert "Traceback" in traceback and "ValueError: my bug" in traceback and "boom.py" in traceback

@@ -71,6 +71,7 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
             self.closed: set[tuple] = set()         # runs that already hold their final result
             self.final: dict[tuple, str] = {}       # -> status of the member's last report
             self.errors: dict[tuple, str] = {}      # -> why a pack left the member out
+            self.tracebacks: dict[tuple, str] = {}  # -> the traceback of the user's code that failed it
             self.engine_logged: set[tuple] = set()  # runs whose `engine_used` param is known
             self.engine_param: dict[tuple, str] = {}  # -> `engine_used`, not yet written
             self.drawn: dict[tuple, dict] = {}      # -> the artifacts of its final report (name -> bytes)
@@ -216,6 +217,9 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                     self.final[key] = part["status"]
                 if part.get("error"):
                     self.errors[key] = part["error"]
+                if "traceback" in part:   # the user's code raised: kept with the run (error.txt), not retried;
+                    # setdefault: a callback restored from a sweep started before this attribute lacks it
+                    self.__dict__.setdefault("tracebacks", {})[key] = part.pop("traceback")
                 if part.get("engine") and key not in self.engine_logged:   # what `engine: auto` chose (and
                     self.engine_param[key] = (part["engine"], part.get("engine_why", ""))   # why, where it says)
                     self.engine_logged.add(key)                            # with the next rows written
@@ -289,6 +293,8 @@ def make_mlflow_callback(uri: str, experiment_id: str, parent_id: str, sweep_nam
                 tags = run_tags(summary)
             if error:
                 tags["fedsweep.error"] = error[:5000]
+            if key in getattr(self, "tracebacks", {}):
+                self.writer.files(run, {"error.txt": self.tracebacks.pop(key).encode()})
             self.ended[index] = (status, error)
             self.flush(key, metrics=metrics, tags=tags)   # rows still waiting, then the summary and the status
             self.writer.end(run, MLFLOW_STATUS[status])

@@ -138,7 +138,8 @@ class SweepConfig(_Strict):
         "seeds: `seed` in a grid is refused.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_concurrent: int | None = Field(None, ge=1, description="Trials at once (default: what resources allow).")
-    max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint.")
+    max_failures: int = Field(1, ge=0, description="Retries of a crashed trial, from its last checkpoint (an exception "
+                              "raised in your own code, a plugin's, is not retried: it fails the same way again).")
     checkpoint_every: int = Field(1, ge=1, description=(
         "Evaluations between trial checkpoints, at least, without a scheduler: a checkpoint goes with a report to "
         "Tune, and a trial reports at most once a second (a shorter trial writes only its final one). With a "

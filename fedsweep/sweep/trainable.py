@@ -230,6 +230,21 @@ def _tune_reporter(checkpoint_every: int, save_checkpoint, trials: list[int], mi
                 self.rungs.reported(module.rounds_done)
             tune.report(metrics)
 
+        def report_user_error(self, e: Exception, frame) -> None:
+            """The unit's code of the user's (a plugin's hook, model or dataset: ``frame``) raised ``e``:
+            every member ends ``failed`` here, with the line and the traceback, and is not retried (a
+            retry from its checkpoint would raise it again the same way)."""
+            import traceback
+
+            from ray import tune
+            line = (f"your code raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]} (in "
+                    f"{frame.name}, {frame.filename}:{frame.lineno}); not retried: it would fail the same way again")
+            tb = "".join(traceback.format_exception(e))[-100_000:]
+            parts = {str(i): {"rows": [], "status": "failed", "error": line, "traceback": tb} for i in trials}
+            tune.report({"round": 0, "members": {**parts, **failed_parts}, "fedsweep_done": True,
+                         "test/accuracy": 0.0, "test/loss": math.inf, "best/test_accuracy": 0.0,
+                         "rounds_to_target": math.inf})
+
         def report_failed_only(self):
             """Every member of the pack was left out: the unit ends here."""
             from ray import tune
@@ -299,11 +314,12 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
         return None
 
     scheduled = config.get("scheduler", config.get("report_every_s", 0.0) == 0.0)   # it may stop a trial at any report
+    from fedsweep.util.errors import user_frame
+    packed = len(cfgs) > 1
     with store.reading(ckpt) as resume:
-        if len(cfgs) == 1:
+        if not packed:
             reporter = _tune_reporter(config["checkpoint_every"], save_checkpoint, trials,
                                       config.get("report_every_s", 0.0), scheduled=scheduled, rungs=config.get("rungs"))
-            module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
         else:
             from fedsweep.sweep.pack import train_packed
             trials, cfgs, data, failed = _loadable_members(trials, cfgs)
@@ -312,7 +328,17 @@ def run_unit(config: dict, payloads: list[dict], units: list[list[int]], store,
             if not trials:
                 reporter.report_failed_only()
                 return
-            module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
+        try:
+            if not packed:
+                module = train(cfgs[0], progress=False, resume=resume, callbacks=[reporter])
+            else:
+                module = train_packed(cfgs, resume=resume, callbacks=[reporter], data=data, ids=trials)
+        except Exception as e:   # noqa: BLE001 - the user's code raised: the trial fails once, not again
+            frame = user_frame(e)
+            if frame is None:
+                raise                 # fedsweep's, Ray's, the machine's: Ray retries it (max_failures)
+            reporter.report_user_error(e, frame)
+            return
     mark("trained")
     final = []
     for cfg, m in zip(cfgs, _members(module)):
