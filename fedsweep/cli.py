@@ -335,9 +335,11 @@ def _check(args) -> int:
         set_dotted(params, key.removeprefix("algorithm."), value)
     start = time.perf_counter()
     checks = check_algorithm(args.algorithm, params, raise_on_failure=False, progress=lambda c: print(c.line(), flush=True))
-    failed, took = [c for c in checks if not c.ok], f"{time.perf_counter() - start:.1f} s"
+    failed, took = [c for c in checks if c.failed], f"{time.perf_counter() - start:.1f} s"
+    skipped = sum(c.skipped for c in checks)
     hooks = ", ".join(dict.fromkeys(c.hook for c in failed))
-    print(f"{args.algorithm}: {len(failed)} of {len(checks)} checks failed ({hooks}; {took})" if failed
+    after = f"; {skipped} more not made: they follow from it" if skipped else ""
+    print(f"{args.algorithm}: {len(failed)} of {len(checks)} checks failed ({hooks}{after}; {took})" if failed
           else f"{args.algorithm}: all {len(checks)} checks passed ({took})")
     return 1 if failed else 0
 

@@ -61,9 +61,18 @@ class Check:
     ok: bool
     message: str = ""
     seconds: float = 0.0
+    #: not made: it follows from a failure reported before it (its root cause), said once there
+    skipped: bool = False
 
     def line(self) -> str:
+        if self.skipped:
+            return f"skipped {self.name}: {self.message}"
         return f"ok      {self.name}  {self.seconds:.1f} s" if self.ok else f"FAILED  {self.message}"
+
+    @property
+    def failed(self) -> bool:
+        """A failure of its own (a root cause): not ok, and not skipped as following from another."""
+        return not self.ok and not self.skipped
 
 
 class AlgorithmContractError(AssertionError):
@@ -71,7 +80,7 @@ class AlgorithmContractError(AssertionError):
 
     def __init__(self, name: str, checks: list[Check]):
         self.checks = checks
-        failed = [c for c in checks if not c.ok]
+        failed = [c for c in checks if c.failed]
         super().__init__(f"{name} breaks the algorithm contract ({len(failed)} of {len(checks)} checks failed):\n"
                          + "\n".join(f"  {c.message}" for c in failed))
 
@@ -112,11 +121,12 @@ def check_algorithm(cls_or_name, params: dict | None = None, *, raise_on_failure
 
 
 class _Broken(Exception):
-    """A check's finding: one line naming the hook (``hook``, where it is more precise than the check's)."""
+    """A check's finding: one line naming the hook (``hook``, where it is more precise than the check's);
+    ``follows``: it only follows from a failure reported before (the check is then skipped, not failed)."""
 
-    def __init__(self, message: str, hook: str | None = None):
+    def __init__(self, message: str, hook: str | None = None, follows: bool = False):
         super().__init__(message)
-        self.hook = hook
+        self.hook, self.follows = hook, follows
 
 
 class _Checker:
@@ -127,6 +137,7 @@ class _Checker:
         self.twin = self.name            # the name of the same algorithm with rowwise off (run_all)
         self.results, self.raised, self.rounds = {}, {}, {}   # runs; errors reported -> hook; dropout_round's
         self.reproducible = True
+        self.drew_torch_random = False   # a client hook drew from torch's generator (vmap said so)
 
     def run_all(self) -> None:
         build_config(tiny_config(self.name, self.params))   # bad parameters: one ConfigError, nothing run
@@ -175,19 +186,20 @@ class _Checker:
         start, found = time.perf_counter(), None
         try:
             if compares and not self.reproducible:
-                raise _Broken(f"{hook}: not compared: the same seed does not give the same numbers (above)")
+                raise _Broken("not compared: the same seed does not give the same numbers (above)", follows=True)
             fn()
         except _Broken as e:
             found = e
         except Exception as e:  # noqa: BLE001 - the algorithm's own error, in one line where it was raised
+            self.drew_torch_random |= "randomness error mode" in str(e)
             found, seen = _raised(e, hook), str(_raised(e, ""))
             if seen in self.raised:   # met before: refer to it, under the hook it was reported for
                 before = self.raised[seen]
-                found = _Broken(f"{before}: not checked: it raises the {type(e).__name__} reported above", before)
+                found = _Broken(f"not checked: {before} raises the {type(e).__name__} reported above", before, True)
             else:
                 self.raised[seen] = found.hook
         self.report(Check(name, found and found.hook or hook, found is None, str(found or ""),
-                          time.perf_counter() - start))
+                          time.perf_counter() - start, skipped=bool(found and found.follows)))
 
     # ----- the runs -------------------------------------------------------------------------------
     def run(self, key: str):
@@ -267,9 +279,10 @@ class _Checker:
             first, second = self.run(engine), self.run(engine + " again")
             if not torch.equal(first.w, second.w) or not same(timeless(first.history), timeless(second.history)):
                 self.reproducible = False
+                if self.drew_torch_random:   # the same cause as the vmap failure above, said there
+                    raise _Broken("not checked: a client hook draws from torch's generator (above)", follows=True)
                 raise _Broken(f"every hook: the same config and seed, trained twice on the {engine.split()[0]} engine, end "
-                              f"{gap(first.w, second.w):.3g} apart (model or metrics); draw random numbers only from "
-                              "fedsweep.sim.rng.generator(seed, round, purpose), never from a global generator")
+                              f"{gap(first.w, second.w):.3g} apart (model or metrics); {RANDOM_ADVICE}")
 
     def state_round_trip(self) -> None:
         algo = self.run("loop").algorithm
@@ -425,12 +438,20 @@ def _origin(e: BaseException) -> tuple[str | None, str]:
     return hook, at
 
 
+#: Where an algorithm's random numbers come from (docs/extending.md, "Random numbers").
+RANDOM_ADVICE = ("draw a client hook's random numbers with fedsweep.client_normal(batch, like, purpose) (or "
+                 "client_uniform), declaring `random = True`, and a server hook's from "
+                 "fedsweep.generator(self.ctx.seed, plan.round, purpose); never from torch's own generator")
+
+
 def _raised(e: BaseException, check_hook: str = "the run") -> _Broken:
     """An error raised in a run, in one line naming the hook it was raised in (else the check's)."""
     hook, at = _origin(e)
     hook = hook or check_hook
     first, advice = _first_line(e), ""
-    if "data-dependent control flow" in first or ".item()" in first:
+    if "random operation while in randomness error mode" in first:
+        first, advice = "draws from torch's random generator, which vmap refuses", f"; {RANDOM_ADVICE}"
+    elif "data-dependent control flow" in first or ".item()" in first:
         first = ("vmap cannot run .item(), float() or bool() of a tensor" if ".item()" in first
                  else "vmap cannot branch on a tensor's value (Python if/while on it)")
         advice = ("; the vectorized engine runs it for all K clients at once under torch.func.vmap: compute both "

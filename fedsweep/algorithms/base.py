@@ -100,6 +100,8 @@ class SetupContext:
     #: the federation's size, the N of the papers' 1/N sums: N less the clients eval.unseen_clients holds out
     #: of training (0: N)
     training_clients: int = 0
+    #: the run's seed: a server hook's random numbers come from fedsweep.generator(seed, plan.round, purpose)
+    seed: int = 0
 
     def __post_init__(self):
         self.training_clients = self.training_clients or self.num_clients
@@ -139,6 +141,11 @@ class Algorithm:
     #: the names ``round_metrics`` logs, declared so that a sweep may select, score and compare runs by
     #: one of them (``report.metric``, ``search.metric``, ``scheduler.metric``), checked before it runs
     metrics: ClassVar[tuple[str, ...]] = ()
+    #: its client hooks draw random numbers (noise, a random mask): every batch they get carries its key,
+    #: ``(x, y, weight, key)``, from which :func:`fedsweep.client_normal` / :func:`fedsweep.client_uniform`
+    #: draw, the same on every engine and in a resumed run (torch's own generators are refused under
+    #: ``vmap`` and unseeded in a loop). Server hooks draw from ``fedsweep.generator(ctx.seed, plan.round, purpose)``.
+    random: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

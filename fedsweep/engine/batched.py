@@ -154,7 +154,7 @@ def chain_grad_op(chain: ChainGrad):
     """``ops.grad`` for the vectorized engine: (w, (x, y, weight)) -> (loss, g), per client."""
 
     def grad(w, batch):
-        x, y, weight = batch
+        x, y, weight, *_ = batch    # a key (an algorithm's random numbers) changes nothing of a chain's
         return _ChainGradFn.apply(chain, w, x, y, weight)
     return grad
 
@@ -166,4 +166,5 @@ def stacked_ops(chain: ChainGrad, K: int):
 
     def rows(w):
         return w.expand(K, -1) if w.dim() == 1 else w
-    return ModelOps(grad=lambda w, batch: chain(rows(w), *batch), loss=lambda w, batch: chain.loss(rows(w), *batch))
+    return ModelOps(grad=lambda w, batch: chain(rows(w), *batch[:3]),   # (x, y, weight[, key])
+                    loss=lambda w, batch: chain.loss(rows(w), *batch[:3]))

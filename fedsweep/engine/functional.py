@@ -76,6 +76,7 @@ class FunctionalModel:
     def __init__(self, module: nn.Module):
         self.dropout_keys = seed_dropouts(module)
         self.global_rng = False
+        self.keyed = False   # the algorithm's client hooks draw from the batches' keys (Algorithm.random)
         self.module = module
         self.names = [n for n, _ in module.named_parameters()]
         self.shapes = [p.shape for _, p in module.named_parameters()]
@@ -140,8 +141,9 @@ class FunctionalModel:
 
     @property
     def random(self) -> bool:
-        """Whether training batches need a key: the model has dropout or draws from the global RNG."""
-        return bool(self.dropout_keys) or self.global_rng
+        """Whether training batches need a key: the model has dropout or draws from the global RNG, or the
+        algorithm's client hooks draw random numbers (``keyed``)."""
+        return bool(self.dropout_keys) or self.global_rng or self.keyed
 
     def draws_global_rng(self, input_shape: tuple[int, ...]) -> bool:
         """Whether a training-mode forward pass (on a copy, the CPU, seeded layers keyed alike) gives

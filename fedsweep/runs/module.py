@@ -132,7 +132,9 @@ class FederatedModule(L.LightningModule):
                            ops=autograd_ops(self.fmodel), layout=self.fmodel.layout(),
                            batchnorm=tuple(n for n, m in self.fmodel.module.named_modules()
                                            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
-                           training_clients=len(self.planner.pool) if self.planner.pool is not None else 0)
+                           training_clients=len(self.planner.pool) if self.planner.pool is not None else 0,
+                           seed=self.cfg.seed)
+        self.fmodel.keyed = cls.random   # its client hooks draw from the batches' keys
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
         if self._pending_algo_state is not None:
             self.algorithm.load_state_dict(self._pending_algo_state)

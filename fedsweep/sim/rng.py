@@ -49,3 +49,37 @@ def batch_keys(seed: int, round: int, purpose: str, clients: torch.Tensor, steps
     b = int(mix32(torch.tensor((base ^ (base >> 31)) & _M32)))       # the 63 bits folded to 32
     per_client = mix32(b ^ clients.to(torch.int64).view(-1, 1).cpu())
     return mix32(per_client ^ torch.arange(steps, dtype=torch.int64).view(1, -1))
+
+
+# -- random numbers in client hooks --------------------------------------------------------------
+
+def _salt(purpose: str) -> int:
+    """32 bits of ``purpose``: two draws of one batch with other purposes are apart."""
+    return int.from_bytes(hashlib.blake2b(purpose.encode(), digest_size=4).digest(), "little")
+
+
+def client_uniform(batch, like, purpose: str = "") -> torch.Tensor:
+    """Uniform numbers in (0, 1) shaped like ``like`` (its dtype and device), for a client hook of an
+    algorithm that declares ``random = True`` (so its batches carry their key: ``(x, y, weight, key)``):
+    a counter-based hash of the batch's key, ``purpose`` and each number's position, so they derive
+    from ``(seed, round, client, local step)`` and are the same on the loop and the vectorized engine,
+    under ``vmap``, in a resumed run, whoever else is sampled. Row-wise code (``batch`` of K stacked
+    clients, key (K,)) gets a row of its own per client: ``like`` (K, ...)."""
+    if len(batch) < 4:
+        raise TypeError("client_uniform: the batch carries no key; an algorithm whose client hooks draw random "
+                        "numbers declares `random = True` (docs/extending.md)")
+    key = batch[3]
+    rows = like.shape[:key.dim()]
+    position = torch.arange(like[(0,) * key.dim()].numel() if key.dim() else like.numel(), dtype=torch.int64,
+                            device=key.device).view(like.shape[key.dim():])
+    k = key.reshape(*rows, *([1] * (like.dim() - key.dim())))
+    u = mix32(mix32(k ^ _salt(purpose)) ^ position)
+    return ((u.to(torch.float64) + 0.5) / 2.0 ** 32).to(like.dtype)
+
+
+def client_normal(batch, like, purpose: str = "") -> torch.Tensor:
+    """Standard normal numbers shaped like ``like``, as :func:`client_uniform` draws (Box–Muller on two of
+    its uniforms: ``purpose + "/1"``, ``"/2"``)."""
+    u1 = client_uniform(batch, like, purpose + "/1").to(torch.float64)
+    u2 = client_uniform(batch, like, purpose + "/2").to(torch.float64)
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)).to(like.dtype)
