@@ -15,12 +15,12 @@ import copy
 import math
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from fedsweep.algorithms.base import Algorithm
+from fedsweep.algorithms.hook_errors import RANDOM_ADVICE, first_line, hook_error, origin
 from fedsweep.config.registry import ALGORITHMS, get_algorithm_class, register_algorithm
 from fedsweep.config.schema import build_config
 from fedsweep.util.compare import checkpoints_keep, garbage, gap, same, timeless
@@ -34,7 +34,6 @@ STRAGGLERS = {"kind": "stragglers", "rho": 0.5}
 DROPOUT = {"kind": "profiles", "dropout": 0.5}   # with seed 3: rounds where some clients drop out
 ROUNDS, RESUME_AFTER = 4, 2
 CLIENT_HOOKS = "client_init/client_step/client_final"
-HOOKS = frozenset(n for n, v in vars(Algorithm).items() if callable(v) and not n.startswith("_"))
 
 
 def tiny_config(name: str, params: dict | None = None, heterogeneity: dict | None = None) -> dict:
@@ -247,9 +246,9 @@ class _Checker:
             rows = self.run("vectorized")
         except Exception as e:  # noqa: BLE001 - what the stacked rows raised is the finding
             self.raised[str(_raised(e, ""))] = "rowwise"
-            hook, at = _origin(e)
+            hook, at = origin(e)
             raise _Broken(f"rowwise: declared True, but {hook or 'the client code'} raises on the stacked clients "
-                          f"({type(e).__name__}: {_first_line(e)}){at}; {fix}", "rowwise") from None
+                          f"({type(e).__name__}: {first_line(e)}){at}; {fix}", "rowwise") from None
         if not torch.allclose(rows.w, vmapped.w, **ROWS_AGREE):
             raise _Broken(f"rowwise: declared True, but client_step/client_final on the stacked clients differ from "
                           f"each client alone (under vmap) by {gap(rows.w, vmapped.w):.3g} in the final model; {fix}")
@@ -425,39 +424,7 @@ class _Checker:
 
 # ----- helpers -------------------------------------------------------------------------------------
 
-def _origin(e: BaseException) -> tuple[str | None, str]:
-    """(the interface method ``e`` was raised in, " at FILE:LINE" of the innermost frame of an Algorithm's)."""
-    hook, at = None, ""
-    for frame, line in reversed(list(traceback.walk_tb(e.__traceback__))):
-        if not isinstance(frame.f_locals.get("self"), Algorithm):
-            continue
-        at = at or f" at {frame.f_code.co_filename}:{line}"
-        if frame.f_code.co_name in HOOKS:
-            hook = frame.f_code.co_name
-            break
-    return hook, at
-
-
-#: Where an algorithm's random numbers come from (docs/extending.md, "Random numbers").
-RANDOM_ADVICE = ("draw a client hook's random numbers with fedsweep.client_normal(batch, like, purpose) (or "
-                 "client_uniform), declaring `random = True`, and a server hook's from "
-                 "fedsweep.generator(self.ctx.seed, plan.round, purpose); never from torch's own generator")
-
-
 def _raised(e: BaseException, check_hook: str = "the run") -> _Broken:
     """An error raised in a run, in one line naming the hook it was raised in (else the check's)."""
-    hook, at = _origin(e)
-    hook = hook or check_hook
-    first, advice = _first_line(e), ""
-    if "random operation while in randomness error mode" in first:
-        first, advice = "draws from torch's random generator, which vmap refuses", f"; {RANDOM_ADVICE}"
-    elif "data-dependent control flow" in first or ".item()" in first:
-        first = ("vmap cannot run .item(), float() or bool() of a tensor" if ".item()" in first
-                 else "vmap cannot branch on a tensor's value (Python if/while on it)")
-        advice = ("; the vectorized engine runs it for all K clients at once under torch.func.vmap: compute both "
-                  "branches and keep one per element with torch.where")
-    return _Broken(f"{hook}: {type(e).__name__}: {first}{at}{advice}", hook)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
+    hook, message = hook_error(e, check_hook)
+    return _Broken(message, hook)
