@@ -273,7 +273,7 @@ def _dispatch(args) -> int:
     if args.command == "report":
         return _report(args)
     if args.command == "ui":
-        from fedsweep.runs.ui import serve
+        from fedsweep.sweep.ui import serve
         return serve(args.sweep, uri=args.backend_store_uri, experiment=args.experiment, run_id=args.run,
                      port=args.port, host=args.host)
     if args.command == "bench":

@@ -1,16 +1,18 @@
-"""The package's folders import one way (docs/design.md §6): a module imports, at module level, only
-from its own folder and the folders listed before its own. A lazy import inside a function may reach
-further (the registry finds algorithms by name); those are not module-level and not checked here."""
+"""The package's folders import one way (docs/design.md §6): a module imports, at module level and
+lazily inside a function alike, only from its own folder and the folders listed before its own (the
+registry finds the built-in algorithms by name, not by an import); and no modules import each other
+in a circle."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-ORDER = ["util", "config", "sim", "data", "algorithms", "engine", "runs", "testing", "sweep", "reports", "api", "cli"]
+ORDER = ["util", "config", "sim", "data", "algorithms", "engine", "runs", "testing", "reports", "sweep", "api", "cli"]
 FILES = ("testing", "api", "cli")   # one module each, not a folder
 PACKAGE = Path(__file__).parent.parent / "fedsweep"
-# data and algorithms sit side by side (neither imports the other), as do sweep and reports.
-SIDE_BY_SIDE = {frozenset({"data", "algorithms"}), frozenset({"sweep", "reports"})}
+# data and algorithms sit side by side (neither imports the other).
+SIDE_BY_SIDE = {frozenset({"data", "algorithms"})}
+EVERYWHERE = ("cli",)   # the command: each command's modules, lazily
 
 
 def _part(module: str) -> str | None:
@@ -18,13 +20,22 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "fedsweep" else None
 
 
-def _module_level_imports(path: Path):
-    for node in ast.parse(path.read_text()).body:          # module level only, not inside functions
+def _imports(path: Path):
+    """(line, module, names) of every import of the file, module-level and inside functions."""
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
-            yield node.lineno, node.module
+            yield node.lineno, node.module, [a.name for a in node.names]
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, alias.name, []
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(("fedsweep", *path.relative_to(PACKAGE).with_suffix("").parts))
+        out[name.removesuffix(".__init__")] = path
+    return out
 
 
 def test_folders_import_one_way():
@@ -35,13 +46,55 @@ def test_folders_import_one_way():
         own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
         if own not in ORDER:
             continue
-        for line, module in _module_level_imports(path):
+        if own in EVERYWHERE:
+            continue
+        for line, module, _ in _imports(path):
             other = _part(module)
             if other is None or other == own or other not in ORDER:
                 continue
             if ORDER.index(other) > ORDER.index(own) or frozenset({own, other}) in SIDE_BY_SIDE:
                 wrong.append(f"{path.relative_to(PACKAGE)}:{line} imports {module}")
     assert not wrong, "imports against the layer order (docs/design.md §6):\n" + "\n".join(wrong)
+
+
+def test_no_import_circle():
+    """No modules import each other in a circle, directly or through others, lazily or not: the
+    strongly connected parts of the import graph are single modules (Tarjan's algorithm)."""
+    modules = _modules()
+    graph = {m: set() for m in modules}
+    for m, path in modules.items():
+        if m == "fedsweep" or m == "fedsweep.cli":   # exports by name; the command at the top
+            continue
+        for _, target, names in _imports(path):
+            hits = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules] or \
+                ([target] if target in modules else [])
+            graph[m].update(h for h in hits if h != m)
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not circles, f"modules importing each other in a circle: {circles}"
 
 
 def test_no_module_is_long():

@@ -352,7 +352,7 @@ def test_a_sweep_resumes_only_with_the_plugins_it_started_with(plugin_dir, tmp_p
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert report.returncode == 0 and "lab_half" in (tmp_path / "gone" / "report.md").read_text(), report.stderr
     path.write_text("open('PWNED', 'w').write('ran')\n")
-    read = subprocess.run([sys.executable, "-c", "import fedsweep, sys; from fedsweep.runs.ui import target_store; "
+    read = subprocess.run([sys.executable, "-c", "import fedsweep, sys; from fedsweep.sweep.ui import target_store; "
                            "print(target_store(sys.argv[1], None, None)); fedsweep.report(sys.argv[1], out='hostile')",
                            str(sweep)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert read.returncode == 0 and "(None, 'edited', 'edited')" in read.stdout, read.stderr   # the store: $MLFLOW_TRACKING_URI

@@ -84,7 +84,7 @@ def test_the_views_of_a_sweep_of_a_thousand_runs_show_the_reports_numbers(tmp_pa
                                  for seed in SWEEP["confirm"]["seeds"]])
     assert len(trials) + 10 * len(chosen) >= 1000
     client.set_terminated(parent)
-    from fedsweep.sweep.view import write_view
+    from fedsweep.reports.view import write_view
     write_view(client, exp, load_sweep(str(path)), trials)
     report = fedsweep.report(str(path), out=tmp_path / "report")
     expected = report_numbers(report)

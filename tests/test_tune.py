@@ -94,7 +94,7 @@ def test_child_runs_params_metrics_and_divergence(finished_sweep):
     # the children's seedless config, which the UI's Group by turns into one row per config
     assert {(r.data.tags["fedsweep.config"], r.info.run_name) for r in runs} == {
         (f"{m} ηl{lr}", f"{m} ηl{lr} s{seed}") for m in ("fedavg", "fedlga") for lr in ("0.1", "1e+30") for seed in (0, 1)}
-    from fedsweep.sweep.view import TAG_PREFIX, read_view
+    from fedsweep.reports.view import TAG_PREFIX, read_view
     tags = client.get_experiment_by_name("tiny").tags
     view, tuning = read_view(tags[TAG_PREFIX + "fedsweep-tiny"]), read_view(tags[TAG_PREFIX + "fedsweep-tiny-tuning"])
     assert view["groupBy"] is None and "tags.`fedsweep.role` = 'config'" in view["searchFilter"]

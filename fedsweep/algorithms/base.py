@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from fedsweep.algorithms.client_rows import ClientRows
+from fedsweep.config.registry import algorithm_base
 from fedsweep.sim.heterogeneity import RoundPlan
 from fedsweep.util.lazy import torch
 
@@ -111,6 +112,7 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+@algorithm_base
 class Algorithm:
     """Base class: FedAvg's behaviour everywhere, so each algorithm overrides only what differs."""
     name: ClassVar[str]

@@ -48,7 +48,7 @@ class Plugin:
 
 _loaded: dict[str, tuple[Plugin, tuple, float]] = {}   # spec -> (plugin, its sources' stat, when last checked)
 RECHECK_SECONDS = 2.0   # a sweep validates thousands of configs naming one plugin: its files are looked at this often
-_entry_points: list[Plugin] = []
+_entry_points: dict[str, Plugin] = {}   # an installed plugin's record, by its entry point's value
 _lock = threading.RLock()
 
 
@@ -258,45 +258,14 @@ def source_files(plugin: Plugin) -> list[tuple[str, Path]]:
 # Installed plugins, and what a run records
 # ---------------------------------------------------------------------------------------------
 
-#: Set (to anything but 0) to skip installed plugins, as PYTEST_DISABLE_PLUGIN_AUTOLOAD does for pytest.
-NO_ENTRY_POINTS = "FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD"
-
-#: One line per installed plugin that failed to load: said once as a warning, and again where a config
-#: names something fedsweep does not know (what it registers may be that).
-broken: list[str] = []
-
-
-def load_entry_points() -> None:
-    """Every installed package's ``fedsweep.plugins`` entry points, once (called with the built-ins). One
-    that fails to load is one warning line on stderr, not an error: the commands that do not use what it
-    registers go on, and one that does names it (:data:`broken`). ``$FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD``
-    skips them all."""
-    from importlib.metadata import entry_points
-    if os.environ.get(NO_ENTRY_POINTS, "").strip() not in ("", "0"):
-        return
-    for ep in entry_points(group="fedsweep.plugins"):
-        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
-        what = f"installed plugin {ep.name!r} ({dist}: {ep.value})"
-        try:
-            obj = ep.load()
-            if callable(obj) and not isinstance(obj, type(sys)):
-                obj()
-        except Exception as e:  # noqa: BLE001 - one line naming the package, not a traceback
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            broken.append(f"{what} failed to load ({type(e).__name__}: {first})")
-            print(f"fedsweep: warning: {broken[-1]}; what it registers is unavailable: uninstall or fix it "
-                  f"({NO_ENTRY_POINTS}=1 skips installed plugins)", file=sys.stderr, flush=True)
-            continue
-        module = sys.modules.get(ep.module)
-        if module is not None:
-            _entry_points.append(_plugin(ep.value, module, f"entry point {dist}"))
-
-
 def provenance(specs: list[str]) -> list[Plugin]:
     """The plugins a config's ``plugins`` name (loaded), then the installed ones."""
     from fedsweep.config.registry import load_builtins
     load_builtins()
-    return [*load_plugins(specs), *_entry_points]
+    from fedsweep.config.registry import entry_points_loaded
+    installed = [_entry_points.setdefault(value, _plugin(value, sys.modules[module], f"entry point {dist}"))
+                 for value, module, dist in entry_points_loaded if module in sys.modules]
+    return [*load_plugins(specs), *installed]
 
 
 def ship_paths(specs: list[str]) -> list:

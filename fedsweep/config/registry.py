@@ -102,7 +102,6 @@ class Registry:
         if isinstance(name, str) and name not in self._entries and _as_recorded.get():
             return self._recorded(name)
         if not isinstance(name, str) or name not in self._entries:
-            from fedsweep.config.plugins import broken
             failed = f"; {'; '.join(broken)}, and may register it" if broken else ""
             raise ConfigError(f"{self.key}: unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
                               f"{_PLUGIN_HINT}{failed}")
@@ -115,9 +114,8 @@ class Registry:
         options = create_model(f"{name} options (as recorded)", __config__=ConfigDict(extra="allow"))
         obj: Any = lambda **kwargs: None   # noqa: E731 - never called: a reading command builds nothing
         if self is ALGORITHMS:
-            from fedsweep.algorithms.base import Algorithm
-            obj = type(f"Recorded_{name}", (Algorithm,), {"name": name, "Params": options,
-                                                            "__doc__": "(as recorded: not imported)"})
+            obj = type(f"Recorded_{name}", (_BASE[0],), {"name": name, "Params": options,
+                                                         "__doc__": "(as recorded: not imported)"})
         return Entry(self.kind, name, obj, "(as recorded)", options, takes=DATASET_CONTEXT)
 
     def names(self) -> list[str]:
@@ -182,26 +180,72 @@ def load_builtins() -> None:
         try:
             for module in BUILTINS:
                 importlib.import_module(module)
-            from fedsweep.config.plugins import load_entry_points
             load_entry_points()
             _state["loaded"] = True
         finally:
             _state["loading"] = False
 
 
+#: Set (to anything but 0) to skip installed plugins, as PYTEST_DISABLE_PLUGIN_AUTOLOAD does for pytest.
+NO_ENTRY_POINTS = "FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD"
+
+#: One line per installed plugin that failed to load: said once as a warning, and again where a config
+#: names something fedsweep does not know (what it registers may be that).
+broken: list[str] = []
+
+#: (entry point's value, its module, its distribution) of each installed plugin loaded: what a run records
+#: of them (:func:`fedsweep.config.plugins.provenance`).
+entry_points_loaded: list[tuple[str, str, str]] = []
+
+
+def load_entry_points() -> None:
+    """Every installed package's ``fedsweep.plugins`` entry points, once (with the built-ins). One that
+    fails to load is one warning line on stderr, not an error: the commands that do not use what it
+    registers go on, and one that does names it (:data:`broken`). ``$FEDSWEEP_DISABLE_PLUGIN_AUTOLOAD``
+    skips them all."""
+    import os
+    from importlib.metadata import entry_points
+    if os.environ.get(NO_ENTRY_POINTS, "").strip() not in ("", "0"):
+        return
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+        what = f"installed plugin {ep.name!r} ({dist}: {ep.value})"
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type(sys)):
+                obj()
+        except Exception as e:  # noqa: BLE001 - one line naming the package, not a traceback
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            broken.append(f"{what} failed to load ({type(e).__name__}: {first})")
+            print(f"fedsweep: warning: {broken[-1]}; what it registers is unavailable: uninstall or fix it "
+                  f"({NO_ENTRY_POINTS}=1 skips installed plugins)", file=sys.stderr, flush=True)
+            continue
+        if ep.module in sys.modules:
+            entry_points_loaded.append((ep.value, ep.module, dist))
+
+
 # ---------------------------------------------------------------------------------------------
 # Registering
 # ---------------------------------------------------------------------------------------------
+
+#: ``fedsweep.Algorithm``, given by its module when it is defined (:func:`algorithm_base`): the registry,
+#: a floor below the algorithms, checks subclasses of it without importing them.
+_BASE: list[type] = []
+
+
+def algorithm_base(cls: type) -> type:
+    """Mark ``cls`` as the class every registered algorithm subclasses (``fedsweep.Algorithm``)."""
+    _BASE[:] = [cls]
+    return cls
+
 
 def register_algorithm(cls):
     """Register an algorithm: a subclass of ``fedsweep.Algorithm`` with a ``name`` (what
     ``algorithm.name`` and a sweep's ``methods:`` call it) and optionally ``Params``, a pydantic model
     of its parameters (set under ``algorithm:`` beside ``name``). Used bare, as a class decorator."""
     from pydantic import BaseModel
-
-    from fedsweep.algorithms.base import Algorithm
     what = getattr(cls, "__qualname__", repr(cls))
-    if not (inspect.isclass(cls) and issubclass(cls, Algorithm)):
+    if not (inspect.isclass(cls) and _BASE and issubclass(cls, _BASE[0])):
         raise ConfigError(f"register_algorithm: {what} is not a subclass of fedsweep.Algorithm")
     name = cls.__dict__.get("name")
     if not isinstance(name, str) or not name.isidentifier():

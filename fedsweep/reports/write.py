@@ -384,9 +384,9 @@ def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, 
 def config_views(client, parent_id: str, trials: pd.DataFrame, configs: pd.DataFrame, best: pd.DataFrame,
                  comparisons: pd.DataFrame | None) -> None:
     """A run per config under the parent (:mod:`fedsweep.reports.config_runs`) and the sweep's views on
-    them (:mod:`fedsweep.sweep.view`), with the report's settings and tuned keys as columns."""
+    them (:mod:`fedsweep.reports.view`), with the report's settings and tuned keys as columns."""
     from fedsweep.reports.config_runs import config_rows, write_config_runs
-    from fedsweep.sweep.view import write_views
+    from fedsweep.reports.view import write_views
     experiment_id = client.get_run(parent_id).info.experiment_id
     sweep = trials.attrs["sweep"]
     write_config_runs(client, experiment_id, parent_id, sweep, config_rows(trials, configs, best, comparisons))

@@ -234,7 +234,7 @@ def end_run(live: LiveRun, module, summary: dict, out) -> None:
 
 def artifact_bytes(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
     """A run's artifacts (:func:`fedsweep.runs.run.write_artifacts`) as name -> content."""
-    from fedsweep.runs.run import artifact_dict, write_artifacts
+    from fedsweep.runs.artifacts import artifact_dict, write_artifacts
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp))
         return artifact_dict(Path(tmp))

@@ -216,7 +216,7 @@ def check_existing_store(uri: str | None = None, *, key: str | None = None) -> s
 
 def ui_command(uri: str, *, sweep: str | None = None, experiment: str | None = None,
                run_id: str | None = None) -> str:
-    """The command that opens these runs in the MLflow UI (:mod:`fedsweep.runs.ui`): a sweep file names
+    """The command that opens these runs in the MLflow UI (:mod:`fedsweep.sweep.ui`): a sweep file names
     its store and experiment; otherwise the store and experiment are spelled out. A store that is
     an MLflow server is its own UI: its address is the answer."""
     if uri.split(":", 1)[0].lower() in ("http", "https"):

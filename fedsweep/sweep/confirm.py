@@ -16,7 +16,7 @@ from typing import Any
 
 from fedsweep.config.names import short
 from fedsweep.config.schema import ConfigError, RunConfig
-from fedsweep.sweep.spec import SweepConfig, Trial, config_label
+from fedsweep.sweep.spec import SweepConfig, Trial, config_label, seed_order  # noqa: F401 - seed_order: here too
 
 #: A Tune experiment of its own for the confirm trials, inside the sweep's folder of the storage (a
 #: sequential stage's later looks: ``confirm-2``, ``confirm-3``, ...).
@@ -26,19 +26,6 @@ EXPERIMENT = "confirm"
 def look_experiment(look: int) -> str:
     """The Tune experiment of look ``look`` (1-based) of the confirm stage."""
     return EXPERIMENT if look <= 1 else f"{EXPERIMENT}-{look}"
-
-
-def seed_order(sweep: SweepConfig) -> list[int]:
-    """The confirm seeds in the order they run: ``confirm.seeds``, then (with ``max_seeds``) the next
-    integers after the largest of them that the tuning stage does not use, up to ``max_seeds``."""
-    seeds = list(sweep.confirm.seeds)
-    taken = set(seeds) | set(sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))])
-    candidate = max(seeds) + 1
-    while len(seeds) < (sweep.confirm.max_seeds or 0):
-        if candidate not in taken:
-            seeds.append(candidate)
-        candidate += 1
-    return seeds
 
 
 def looks(sweep: SweepConfig) -> list[int] | None:

@@ -410,11 +410,23 @@ def iter_trials(sweep: SweepConfig, source: str = "sweep", progress=None) -> Ite
                     build_config_of(sweep, method, {**first_trial.overrides, key: value}, source, places)
 
 
+def seed_order(sweep: SweepConfig) -> list[int]:
+    """The confirm seeds in the order they run: ``confirm.seeds``, then (with ``max_seeds``) the next
+    integers after the largest of them that the tuning stage does not use, up to ``max_seeds``."""
+    seeds = list(sweep.confirm.seeds)
+    taken = set(seeds) | set(sweep.seeds if sweep.seeds is not None else [int(sweep.base.get("seed", 0))])
+    candidate = max(seeds) + 1
+    while len(seeds) < (sweep.confirm.max_seeds or 0):
+        if candidate not in taken:
+            seeds.append(candidate)
+        candidate += 1
+    return seeds
+
+
 def _check_confirm_seeds(sweep: SweepConfig, method: str, overrides: dict, source: str, places) -> None:
     """The confirm stage's seeds (those ``max_seeds`` adds included) built into a trial's config now,
     before any trial runs, not once every tuning trial has: the seed is the one key a confirm trial
     changes, so one config shows each seed's fate."""
-    from fedsweep.sweep.confirm import seed_order
     for seed in seed_order(sweep):
         try:
             build_config_of(sweep, method, {**overrides, "seed": seed}, source, places)

@@ -55,7 +55,7 @@ def artifact_files(cfg: RunConfig, module, summary: dict) -> dict[str, bytes]:
     run on another machine, and this node's disk is not one it reads."""
     import tempfile
 
-    from fedsweep.runs.run import artifact_dict, write_artifacts
+    from fedsweep.runs.artifacts import artifact_dict, write_artifacts
     with tempfile.TemporaryDirectory(prefix="fedsweep-") as tmp:
         write_artifacts(cfg, module, summary, Path(tmp), log_model=False)
         return artifact_dict(Path(tmp))

@@ -411,6 +411,6 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
                 (Path(tmp) / "plugins" / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(file, Path(tmp) / "plugins" / name)
         client.log_artifacts(run.info.run_id, tmp)
-    from fedsweep.sweep.view import write_view
+    from fedsweep.reports.view import write_view
     write_view(client, exp_id, sweep, trials)   # the MLflow UI's views of the config runs (`fedsweep ui` opens them)
     return run.info.run_id

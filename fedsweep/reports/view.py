@@ -104,7 +104,7 @@ def write_view(client, experiment_id: str, sweep, trials) -> None:
 
 def write_views(client, experiment_id: str, sweep: str, settings, tuned, target: bool, lower_better: bool = False,
                 compared: bool = True) -> None:
-    """Both views of :mod:`fedsweep.sweep.view` (module docstring) as experiment tags."""
+    """Both views of :mod:`fedsweep.reports.view` (module docstring) as experiment tags."""
     params = [*settings, "algorithm.name", *tuned]
     for stage in ("selected", "tuning"):
         metrics, tags = view_columns(stage, target, compared)

@@ -68,7 +68,7 @@ def experiment_pages(uri: str, experiment: str | None, port: int, host: str,
                      sweep: str | None = None) -> list[tuple[str, str]]:
     """(what, address) for the named experiment, else every experiment that holds runs (newest
     first). For a sweep: first its saved views (a row per selected config, a row per tuning config:
-    :mod:`fedsweep.sweep.view`), then its parent run (the report), then every run."""
+    :mod:`fedsweep.reports.view`), then its parent run (the report), then every run."""
     from mlflow import MlflowClient
 
     from fedsweep.runs.tracking import ui_url
@@ -82,7 +82,7 @@ def experiment_pages(uri: str, experiment: str | None, port: int, host: str,
                               f" experiment); it holds: {shown}")
         pages = []
         if sweep is not None:
-            from fedsweep.sweep.view import TAG_PREFIX, view_key, view_url
+            from fedsweep.reports.view import TAG_PREFIX, view_key, view_url
             if TAG_PREFIX + view_key(sweep) in found.tags:
                 written = bool(client.search_runs([found.experiment_id], max_results=1, filter_string=(
                     f"tags.`fedsweep.role` = 'config' and tags.`fedsweep.sweep` = '{sweep}'")))
