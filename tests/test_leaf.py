@@ -187,6 +187,9 @@ REFUSALS = {
                           "user 'fl': labels y must be integers (class ids)"),
     "negative label": (lambda f: edit(f, "train", 0, lambda d: _user(d, "neg", x=[[0.0] * 5], y=[-1])), {},
                        "has a negative label (-1); labels are class ids 0..C-1"),
+    "a label no class id": (lambda f: edit(f, "train", 0, lambda d: _user(d, "big", x=[[0.0] * 5], y=[2_000_000_001])),
+                            {}, "has a label 2,000,000,001 among its 5 distinct labels; labels are class ids 0..C-1 "
+                                "(C = the largest + 1: 2,000,000,002 classes here), so renumber them"),
     "no test sample": (lambda f: [edit(f, "test", i, _empty) for i in (0, 1)], {},
                        "data.root: no user has a test sample under"),
     "more clients than users": (lambda f: None, {"num_clients": 7},

@@ -145,6 +145,11 @@ def _parsed(folder: str, stamp: tuple) -> LeafData:
     if labels.min() < 0:
         raise ConfigError(f"data.root: the LEAF data under {folder} has a negative label ({int(labels.min())}); "
                           "labels are class ids 0..C-1")
+    distinct = len(np.unique(labels))
+    if labels.max() >= MAX_CLASSES and labels.max() >= 10 * distinct:   # a model of that many outputs: not a class id
+        raise ConfigError(f"data.root: the LEAF data under {folder} has a label {int(labels.max()):,} among its "
+                          f"{distinct:,} distinct labels; labels are class ids 0..C-1 (C = the largest + 1: "
+                          f"{int(labels.max()) + 1:,} classes here), so renumber them")
     shape = (1, IMAGE_SIDE, IMAGE_SIDE) if dim == IMAGE_SIDE * IMAGE_SIDE else (dim,)
     arrays = [x_tr.reshape(-1, *shape), y_tr, off_tr, x_te.reshape(-1, *shape), y_te, off_te]
     for a in arrays:
@@ -253,6 +258,11 @@ def _features(path: str, user: str, x: list) -> np.ndarray:
         raise ConfigError(f"data.root: {path}, user {user!r}: each sample x must be a flat list of numbers, "
                           "all of one length")
     return a
+
+
+#: Labels from here on, ten times more than the distinct labels seen, are ids of something else (a
+#: model of 2·10^9 outputs would be built for them): refused, saying so.
+MAX_CLASSES = 100_000
 
 
 def _labels(path: str, user: str, y: list) -> np.ndarray:
