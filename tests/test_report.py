@@ -522,3 +522,24 @@ def test_report_gives_intervals_and_verdicts_paired_by_seed(store_seeds, tmp_pat
     low, high = stats.t.interval(0.95, 9, loc=np.mean(acc), scale=stats.sem(acc))
     assert f"| 0.1 | fedlga | — | 10 | {np.mean(acc):.4f} [{low:.4f}, {high:.4f}] |" in text
     assert "| 0.5 | fedlga | — | 10 | 0.7850 [" in text and "| 56.0 [1 seed: no CI] | 1/10 |" in text
+
+
+def test_runs_of_one_sweep_name_from_two_files_are_said_in_one_line(tmp_path):
+    """Two sweep files of one `name:` write into one sweep: the report reads them as one and says so, naming
+    both files (their sweep runs carry `fedsweep.sweep_file`); one file, or runs without the tag: nothing."""
+    from mlflow import MlflowClient
+
+    from fedsweep.reports.trials import files_warning, sweep_files
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("same", artifact_location=(tmp_path / "art").as_uri())
+    tags = {"fedsweep.role": "sweep", "fedsweep.sweep": "same"}
+    for file in ("/lab/a/sweep.yaml", "/lab/a/sweep.yaml", "/lab/b/sweep.yaml", None):
+        client.create_run(exp, tags={**tags, **({"fedsweep.sweep_file": file} if file else {})})
+    client.create_run(exp, tags={**tags, "fedsweep.sweep": "other", "fedsweep.sweep_file": "/lab/c/x.yaml"})
+    files = sweep_files(client, exp, "same")
+    assert files == {"/lab/a/sweep.yaml": 2, "/lab/b/sweep.yaml": 1}
+    assert files_warning(files, "same") == (
+        "runs of sweep 'same' were started from 2 sweep files: /lab/a/sweep.yaml (2 runs of it); /lab/b/sweep.yaml "
+        "(1 run of it). They are read as one sweep (a later run of a config replacing an earlier one); give each "
+        "file a `name:` of its own to keep them apart")
+    assert files_warning({"/lab/a/sweep.yaml": 2}, "same") is None and files_warning({}, "same") is None

@@ -75,11 +75,12 @@ def finished_sweep(tmp_path_factory):
 
 
 def test_child_runs_params_metrics_and_divergence(finished_sweep):
-    tmp, uri, _ = finished_sweep
+    tmp, uri, path = finished_sweep
     client, runs = trial_runs(uri, "tiny")
     assert len(runs) == 8
     (parent,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
     assert client.get_run(parent).data.tags["fedsweep.role"] == "sweep"
+    assert client.get_run(parent).data.tags["fedsweep.sweep_file"] == str(Path(path).resolve())   # which file it was
     assert client.get_run(parent).data.params == {}     # nothing for the UI's pickers to offer beside the children's
     # tune's report, on the parent: each method's selected result as metrics, the report as artifacts
     # and as the run's description

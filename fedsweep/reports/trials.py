@@ -128,8 +128,29 @@ def load_trials(tracking_uri: str | None, experiment: str, sweep: str, parent_ru
     for k in varying:   # numbers beside words (algorithm.damping: 0, 1, step): all words, so they sort
         if len({isinstance(v, str) for v in df[k].dropna()}) > 1:
             df[k] = df[k].map(lambda v: v if isinstance(v, str) or pd.isna(v) else _fmt_value(v))
-    df.attrs.update(params=varying, tracking_uri=uri, experiment=experiment, sweep=sweep, runs_read=len(runs))
+    df.attrs.update(params=varying, tracking_uri=uri, experiment=experiment, sweep=sweep, runs_read=len(runs),
+                    sweep_files=sweep_files(client, exp.experiment_id, sweep))
     return df
+
+
+def sweep_files(client, experiment_id: str, sweep: str) -> dict[str, int]:
+    """{sweep file: its sweep runs} of the sweep (parent) runs named ``sweep`` in the experiment (untagged:
+    not counted): two files of one ``name:`` write one sweep."""
+    flt = f"tags.`fedsweep.role` = 'sweep' AND tags.`fedsweep.sweep` = '{sweep}'"
+    files: dict[str, int] = {}
+    for run in client.search_runs([experiment_id], filter_string=flt, max_results=1000):
+        if "fedsweep.sweep_file" in run.data.tags:
+            files[run.data.tags["fedsweep.sweep_file"]] = files.get(run.data.tags["fedsweep.sweep_file"], 0) + 1
+    return files
+
+
+def files_warning(files: dict[str, int], sweep: str) -> str | None:
+    """One line where runs of sweep ``sweep`` come from more than one sweep file, else None."""
+    if len(files) < 2:
+        return None
+    shown = "; ".join(f"{f} ({n} run{'s' if n > 1 else ''} of it)" for f, n in sorted(files.items()))
+    return (f"runs of sweep {sweep!r} were started from {len(files)} sweep files: {shown}. They are read as one sweep "
+            "(a later run of a config replacing an earlier one); give each file a `name:` of its own to keep them apart")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from pathlib import Path
@@ -21,7 +22,7 @@ from fedsweep.reports.stats import Metric, add_intervals, comparison_table, seed
 from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _comparisons_table,
                                      _markdown, _own_table, _rounds_table)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs, best_configs,
-                                    config_table, load_trials, relative_targets, score_column)
+                                    config_table, files_warning, load_trials, relative_targets, score_column)
 from fedsweep.reports.verdicts import forest_png, verdicts_tex
 from fedsweep.runs.summary import own_metric
 
@@ -100,6 +101,9 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     #                                                  scored and compared by, and which way is better
     if not trials["status"].isin(SCORED).any():
         counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+    mixed = files_warning(trials.attrs.get("sweep_files", {}), sweep)
+    if mixed:
+        print(f"report: warning: {mixed}", file=sys.stderr, flush=True)
         errors = trials.loc[trials["error"] != "", "error"]
         why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
         raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
@@ -223,6 +227,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         reaching.to_csv(out / "reached.csv", index=False)
 
     counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
+    mixed = files_warning(trials.attrs.get("sweep_files", {}), sweep)
+    if mixed:
+        print(f"report: warning: {mixed}", file=sys.stderr, flush=True)
     dupes = trials.attrs["runs_read"] - len(trials)
     if rule == "target":
         what = (f"{relative_target:g} × the final accuracy of {reference}'s best config under the same "
@@ -246,6 +253,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         f"- experiment: `{experiment}`",
         f"- tracking URI: `{uri}`",
         f"- trials: {len(trials)} ({counts})" + (f"; {dupes} superseded duplicate run(s) ignored" if dupes else ""),
+        *([f"- **note**: {mixed}"] if mixed else []),
         f"- generated: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         f"- best config per method: {rule_text}",
         f"- {_splits_text(configs.attrs['selected_on'], best, trials)}",

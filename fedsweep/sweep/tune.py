@@ -276,7 +276,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: byt
             if superseded:
                 from fedsweep.sweep.ending import close_superseded
                 close_superseded(client, superseded)
-            result = _fit(sweep, trials, record, root, uri, resume, client, exp_id, experiment)
+            result = _fit(sweep, trials, record, root, uri, resume, client, exp_id, experiment, source)
     # The local instance's session folder (Ray's logs) is deleted once every trial ended well, and kept
     # where one failed or the sweep was cut short: there it is what to read (a crashed worker's stderr).
     ended_well = not address and not result["unfinished"] and not result.get("failed")
@@ -284,7 +284,7 @@ def _run_sweep(sweep: SweepConfig, trials: list[Trial], source: str, record: byt
             "ray_session_kept": bool(session) and not (ended_well and remove_session(session))}
 
 
-def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_id, experiment) -> dict:
+def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_id, experiment, source: str) -> dict:
     """Inside the Ray session: the parent run, Tune's run of the tuning stage (new or restored), then,
     with ``confirm:``, the confirm stage's (:mod:`fedsweep.sweep.confirm`), and the sweep's outcome."""
     from fedsweep.sweep.confirm import confirm_record, confirm_size, look_experiment, most_confirm_trials
@@ -306,7 +306,7 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
         state = {"sweep_id": uuid.uuid4().hex, "parent_run_id": None, "tracking_uri": uri,
                  "experiment": experiment, "finished": False}
         store.write_text(STATE_FILE, json.dumps(state))
-        parent_id = _create_parent(client, exp_id, sweep, trials, units, record, state["sweep_id"])
+        parent_id = _create_parent(client, exp_id, sweep, trials, units, record, state["sweep_id"], source)
         state["parent_run_id"] = parent_id
         store.write_text(STATE_FILE, json.dumps(state))
         payloads = _trial_payloads(trials, sweep)
@@ -391,7 +391,7 @@ def _lost_with_its_node(error: RuntimeError) -> bool:
 
 
 def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial], units: list[list[int]],
-                   record: bytes, sweep_id: str) -> str:
+                   record: bytes, sweep_id: str, source: str) -> str:
     # What the sweep is, as tags, not params: the MLflow UI offers every param of the runs shown in
     # its pickers (Compare, charts, Group by), where the parent's grid would stand beside, and before,
     # the children's own keys with no value for them.
@@ -403,6 +403,8 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
     specs = list(dict.fromkeys(s for t in trials for s in t.config.plugins))
     run = client.create_run(exp_id, run_name=sweep.name, tags={
         "fedsweep.role": "sweep", "fedsweep.sweep": sweep.name, "fedsweep.sweep_id": sweep_id,
+        # which file it was: another file of the same `name:` writes into the same sweep (the report says so)
+        "fedsweep.sweep_file": str(Path(source).resolve()) if source != "sweep" else "(a mapping, from Python)",
         **{k: str(v)[:8000] for k, v in described.items()}, **plugin_tags(records(specs))})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "sweep.yaml").write_bytes(record)
