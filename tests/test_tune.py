@@ -181,8 +181,29 @@ def test_report_from_the_store(finished_sweep, capsys):
     assert main(["report", path, "--out", str(out)]) == 0
     assert "verdicts against fedavg" in capsys.readouterr().out
     text = (out / "report.md").read_text()
-    assert "fedavg" in text and "fedlga" in text
+    assert "fedavg" in text and "fedlga" in text and "has not ended" not in text
     assert (out / "accuracy_curves.png").stat().st_size > 0 and (out / "rounds_to_target.png").stat().st_size > 0
+
+
+def test_a_report_made_before_its_sweep_ends_says_so_and_leaves_the_open_run_alone(finished_sweep, capsys):
+    """While the sweep's run is open (a sweep running, or a killed driver's), the report says how many of its
+    trials it reads, and its run keeps what it has: the sweep logs its own report when it ends."""
+    tmp, uri, path = finished_sweep
+    client, runs = trial_runs(uri, "tiny")
+    (parent,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    before = client.get_run(parent).data
+    client.set_terminated(parent, status="RUNNING")
+    try:
+        assert main(["report", path, "--out", str(tmp / "early")]) == 0
+    finally:
+        client.set_terminated(parent, status="FINISHED")
+    err = capsys.readouterr().err
+    line = (f"its MLflow run {parent} is still open (the sweep runs, or its driver was killed: `fedsweep tune "
+            "--resume` continues it); 8 of its 8 trials have a result, and this report reads only those. It is not "
+            "logged onto the open run: the sweep logs its own report when it ends")
+    assert f"report: note: {line}" in err and f"- **the sweep has not ended**: {line}" in (tmp / "early" / "report.md").read_text()
+    after = client.get_run(parent).data
+    assert after.tags == before.tags and after.metrics == before.metrics     # the open run: as it was
 
 
 def _main_without_torch(argv: list[str], cwd, uri: str) -> subprocess.CompletedProcess:

@@ -101,9 +101,6 @@ def sweep_tables(tracking_uri: str | None, experiment: str, sweep: str,
     #                                                  scored and compared by, and which way is better
     if not trials["status"].isin(SCORED).any():
         counts = ", ".join(f"{k} {v}" for k, v in trials["status"].value_counts().sort_index().items())
-    mixed = files_warning(trials.attrs.get("sweep_files", {}), sweep)
-    if mixed:
-        print(f"report: warning: {mixed}", file=sys.stderr, flush=True)
         errors = trials.loc[trials["error"] != "", "error"]
         why = f"; the most common error: {errors.value_counts().index[0]}" if len(errors) else ""
         raise ConfigError(f"report: none of the {len(trials)} trials of sweep {sweep!r} has a result to score "
@@ -230,6 +227,9 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     mixed = files_warning(trials.attrs.get("sweep_files", {}), sweep)
     if mixed:
         print(f"report: warning: {mixed}", file=sys.stderr, flush=True)
+    running = _still_running(runs.client, trials)
+    if running:
+        print(f"report: note: {running}", file=sys.stderr, flush=True)
     dupes = trials.attrs["runs_read"] - len(trials)
     if rule == "target":
         what = (f"{relative_target:g} × the final accuracy of {reference}'s best config under the same "
@@ -254,6 +254,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
         f"- tracking URI: `{uri}`",
         f"- trials: {len(trials)} ({counts})" + (f"; {dupes} superseded duplicate run(s) ignored" if dupes else ""),
         *([f"- **note**: {mixed}"] if mixed else []),
+        *([f"- **the sweep has not ended**: {running}"] if running else []),
         f"- generated: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         f"- best config per method: {rule_text}",
         f"- {_splits_text(configs.attrs['selected_on'], best, trials)}",
@@ -356,10 +357,27 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                              for e, g in sorted(failed.groupby("error"), key=lambda x: -len(x[1]))]), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
-    if to_parent:
+    if to_parent and not running:   # an open sweep's run gets its own report when it ends
         _log_to_parent(runs.client, trials, out, best, lines, quiet, comparisons, configs)
     return ReportResult(path, trials, configs, best, comparisons,
                         interactions if interactions is not None else pd.DataFrame())
+
+
+def _still_running(client, trials: pd.DataFrame) -> str | None:
+    """What a report made before its sweep ended reads (its MLflow run still open: the sweep runs, or its
+    driver was killed), in one line; None for a sweep that has ended."""
+    from fedsweep.reports.parent import parent_run_id
+    run_id = parent_run_id(trials)
+    if run_id is None:
+        return None
+    run = client.get_run(run_id)
+    if run.info.status != "RUNNING":
+        return None
+    ended = int(trials["status"].isin(SCORED).sum())
+    planned = run.data.tags.get("sweep.trials", "?")
+    return (f"its MLflow run {run_id} is still open (the sweep runs, or its driver was killed: `fedsweep tune "
+            f"--resume` continues it); {ended} of its {planned} trials have a result, and this report reads only "
+            "those. It is not logged onto the open run: the sweep logs its own report when it ends")
 
 
 def _log_to_parent(client, trials: pd.DataFrame, out: Path, best: pd.DataFrame, lines: list[str],
