@@ -97,6 +97,8 @@ def _build_store(root, with_target: bool) -> str:
     _log_trial(client, exp_id, parents[1], "fedavg", 0.9, 0.3, 0, 0.99, 2, "finished", with_target)
     client.set_tag(client.search_runs([exp_id], "tags.`fedsweep.config_id` = 'fedavg-0.9-0.3'")[0].info.run_id,
                    "fedsweep.sweep", "other")
+    for parent in parents:   # the sweeps have ended (a report of an open one says so)
+        client.set_terminated(parent, status="FINISHED")
     return uri
 
 

@@ -160,21 +160,23 @@ def check_state_memory(sweep: SweepConfig, trials: list[Trial], source: str = "s
     the trials one process trains (a pack's members), fits the memory free on this machine; else one
     line naming the pack, instead of every trial failing alike. Only CPU trials of a dataset made here
     (``preflight``: its inputs give the model's size) are checked; a GPU's memory is the trials' own."""
+    from fedsweep.config.registry import DATASETS, get_algorithm_class
+
+    def stateful(t: Trial) -> bool:
+        c = t.config
+        return bool(get_algorithm_class(c.algorithm.name).client_rows) and c.device != "cuda" and \
+            DATASETS.get(c.data.name).extra.get("preflight", True)
+    if not any(stateful(t) for t in trials):
+        return   # (the driver of a sweep without per-client state imports no torch)
     import torch
 
-    from fedsweep.config.registry import DATASETS, get_algorithm_class
     from fedsweep.data import split_federated
     from fedsweep.runs.memory import check_state_fits, state_bound
     from fedsweep.sim.models import build_model
     from fedsweep.sweep.units import pack_units
 
-    def checked(t: Trial) -> bool:
-        c = t.config
-        on_cpu = c.device == "cpu" or c.device == "auto" and not torch.cuda.is_available()
-        return bool(get_algorithm_class(c.algorithm.name).client_rows) and on_cpu and \
-            DATASETS.get(c.data.name).extra.get("preflight", True)
-    if not any(checked(t) for t in trials):
-        return
+    def checked(t: Trial) -> bool:   # on this machine's CPU: `auto` without a GPU here
+        return stateful(t) and (t.config.device == "cpu" or not torch.cuda.is_available())
     dims: dict[str, int] = {}
 
     def dim(t: Trial) -> int:
