@@ -400,6 +400,9 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
                  "sweep.units": len(units), **{f"sweep.grid.{k}": v for k, v in sweep.grid.items()},
                  **({"sweep.search": search_summary(sweep)} if sweep.search is not None else {})}
     from fedsweep.config.plugins import load_plugins, plugin_tags, records, source_files
+    # imported before the run exists (the reports package takes seconds to import): what follows the run's
+    # creation is a few quick writes, not an import a locked store could overtake
+    from fedsweep.reports.view import write_view
     specs = list(dict.fromkeys(s for t in trials for s in t.config.plugins))
     run = client.create_run(exp_id, run_name=sweep.name, tags={
         "fedsweep.role": "sweep", "fedsweep.sweep": sweep.name, "fedsweep.sweep_id": sweep_id,
@@ -413,6 +416,5 @@ def _create_parent(client, exp_id: str, sweep: SweepConfig, trials: list[Trial],
                 (Path(tmp) / "plugins" / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(file, Path(tmp) / "plugins" / name)
         client.log_artifacts(run.info.run_id, tmp)
-    from fedsweep.reports.view import write_view
     write_view(client, exp_id, sweep, trials)   # the MLflow UI's views of the config runs (`fedsweep ui` opens them)
     return run.info.run_id
