@@ -313,7 +313,7 @@ def _look_rows(tested: list[dict], alpha: float, family: int, called_before: int
         h = round(alpha / level) if sequential and not math.isnan(level) else None
         test = functools.partial(sequential, h) if h else None
         called, note, low, high = verdict(row, level, metric, test)
-        out.append({**row, "p": row["p"], "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan,
+        out.append({**row, "p_adjusted": min(1.0, p_adj) if not math.isnan(p_adj) else math.nan,
                     "verdict": called, "note": note, "adj_ci_low": low, "adj_ci_high": high,
                     "power_mde": power_mde(row["d"], metric.kind, strictest, metric.resolution, metric.grid)})
     return out

@@ -140,9 +140,9 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
     make (:func:`check_data`) and, for a sweep run on this machine (``local``; a cluster's nodes hold
     their own files), a torchvision dataset's missing files."""
     check_importable(trials, source)
-    check_data(trials, source)
+    shapes = check_data(trials, source)
     if local:
-        check_state_memory(sweep, trials, source)
+        check_state_memory(sweep, trials, shapes, source)
     if sweep.resources.gpu == 0:
         cuda = next((t for t in trials if t.config.device == "cuda"), None)
         if cuda is not None:
@@ -154,23 +154,23 @@ def check_runnable(sweep: SweepConfig, trials: list[Trial], source: str = "sweep
                              source)
 
 
-def check_state_memory(sweep: SweepConfig, trials: list[Trial], source: str = "sweep") -> None:
+def check_state_memory(sweep: SweepConfig, trials: list[Trial], shapes: dict[int, tuple],
+                       source: str = "sweep") -> None:
     """What a trial checks once it starts (:func:`fedsweep.runs.memory.check_state_fits`), here before
     Ray: the per-client state its algorithm may grow to (SCAFFOLD's c_i, FedDyn's ∇L_i), summed over
     the trials one process trains (a pack's members), fits the memory free on this machine; else one
-    line naming the pack, instead of every trial failing alike. Only CPU trials of a dataset made here
-    (``preflight``: its inputs give the model's size) are checked; a GPU's memory is the trials' own."""
-    from fedsweep.config.registry import DATASETS, get_algorithm_class
+    line naming the pack, instead of every trial failing alike. Only CPU trials of a dataset
+    :func:`check_data` made (``shapes``: its inputs and classes give the model's size) are checked; a
+    GPU's memory is the trials' own."""
+    from fedsweep.config.registry import get_algorithm_class
 
     def stateful(t: Trial) -> bool:
-        c = t.config
-        return bool(get_algorithm_class(c.algorithm.name).client_rows) and c.device != "cuda" and \
-            DATASETS.get(c.data.name).extra.get("preflight", True)
+        return bool(get_algorithm_class(t.config.algorithm.name).client_rows) and t.config.device != "cuda" and \
+            t.index in shapes
     if not any(stateful(t) for t in trials):
         return   # (the driver of a sweep without per-client state imports no torch)
     import torch
 
-    from fedsweep.data import split_federated
     from fedsweep.runs.memory import check_state_fits, state_bound
     from fedsweep.sim.models import build_model
     from fedsweep.sweep.units import pack_units
@@ -180,11 +180,9 @@ def check_state_memory(sweep: SweepConfig, trials: list[Trial], source: str = "s
     dims: dict[str, int] = {}
 
     def dim(t: Trial) -> int:
-        c = t.config
-        key = c.data.model_dump_json() + c.server_data.model_dump_json() + c.model.model_dump_json()
+        key = json.dumps([t.config.model.model_dump(mode="json"), shapes[t.index]])
         if key not in dims:
-            s = split_federated(c.data, c.seed, server=c.server_data)
-            model = build_model(c.model, tuple(s.source.x_train.shape[1:]), int(s.source.num_classes))
+            model = build_model(t.config.model, *shapes[t.index])
             dims[key] = sum(p.numel() for p in model.parameters())
         return dims[key]
     by_index = {t.index: t for t in trials}
@@ -216,7 +214,7 @@ def _check_each_distinct(trials: list[Trial], key, check, source: str) -> None:
             raise ConfigError(f"{source}: {e} (trial {t.label})") from None
 
 
-def check_data(trials: list[Trial], source: str = "sweep") -> None:
+def check_data(trials: list[Trial], source: str = "sweep") -> dict[int, tuple]:
     """Each distinct data set-up of the trials (``data``, ``server_data``) of a dataset registered with
     ``preflight`` (the default; fedsweep's ``digits``, ``mnist_5k``, ``synthetic``) made and split over its
     clients here, as its first trial will make it: a split that cannot be made (``classes_per_client``
@@ -229,7 +227,8 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
 
     Where a trial's model or dataset is a plugin's, its model is built here too for the data's inputs
     (torch is imported for it: the plugin's code imports it anyway), so a model whose output does not
-    fit the classes, or that the chosen engine cannot run, is one line before Ray."""
+    fit the classes, or that the chosen engine cannot run, is one line before Ray. Returns each
+    trial's (input shape, classes) where its data was made here."""
     from fedsweep.config.registry import DATASETS, MODELS
     from fedsweep.data import split_federated
     shapes: dict[str, tuple] = {}
@@ -260,6 +259,7 @@ def check_data(trials: list[Trial], source: str = "sweep") -> None:
         input_shape, classes = shapes[setup(t)]
         engine_choice(t.config.engine, build_model(t.config.model, input_shape, classes), "cpu", input_shape)
     _check_each_distinct(trials, model_setup, build, source)
+    return {t.index: shapes[k] for t in trials if (k := setup(t)) in shapes}
 
 
 def reference_method(sweep: SweepConfig, methods) -> str | None:
