@@ -3,6 +3,7 @@ personal models, the distribution's summaries, engines agreeing, resumes, artifa
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -253,21 +254,27 @@ def test_asha_and_optuna_select_on_a_per_client_validation_metric(tmp_path, monk
 
 
 def test_report_metric_selects_on_validation_scores_confirm_runs_and_calls_verdicts(tmp_path, monkeypatch,
-                                                                                     fresh_home):
+                                                                                     fresh_home, capsys):
     """report.metric: served/accuracy_p10 — configs ranked by their best served/val_accuracy_p10, confirm
-    runs scored by served/accuracy_p10 at that round, FedPer (personal heads) against FedAvg (global)."""
+    runs scored by served/accuracy_p10 at that round, FedPer (personal heads) against FedAvg (global);
+    each trial's line on the terminal gives those two numbers."""
     import fedsweep
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
     sweep = {**CLIENT_SWEEP, "name": "served", "grid": {"local.lr": [0.05, 0.2]}, "seeds": [0, 1],
              "confirm": {"seeds": [10, 11, 12]}, "report": {"settings": [], "metric": "served/accuracy_p10"}}
     sweep["base"] = {**CLIENT_SWEEP["base"], "rounds": 10, "local": {"steps": 5, "batch_size": 5}}
-    trials = fedsweep.tune(sweep, report=False)
+    trials = fedsweep.tune(sweep, report=False, progress=True)
     assert len(trials) == 2 * 2 * 2 + 2 * 3
     result = fedsweep.report(sweep)
     configs, best, comparisons = result.configs, result.best, result.comparisons
     assert configs.attrs["rule"] == "metric" and configs.attrs["selected_on"] == "validation"
     by_run = result.trials.set_index("run_id")
+    err = capsys.readouterr().err
+    said = re.findall(r"^\[finished\] .*: best served/val_accuracy_p10 (\S+), served/accuracy_p10 there (\S+) "
+                      r"after 10 rounds$", err, re.M)
+    assert sorted(said) == sorted((f"{a:.4f}", f"{b:.4f}") for a, b in zip(
+        by_run["summary/best_served_val_accuracy_p10"], by_run["summary/served_accuracy_p10_at_best_val"])), err
     for _, c in configs.iterrows():     # selection read validation only
         assert c["sel_acc_mean"] == pytest.approx(by_run.loc[c["run_ids"], "summary/best_served_val_accuracy_p10"].mean())
         chosen = configs[(configs["method"] == c["method"]) & (configs["rank"] == 1)].iloc[0]

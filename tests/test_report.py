@@ -239,6 +239,9 @@ def test_write_report_without_target(store_plain, tmp_path):
     assert "best mean over seeds of the best test accuracy" in text
     assert "| 0.5 | fedlga | local.lr=0.1 | 2 | 0.7900 [0.7900, 0.7900] |" in text      # equal seeds: a point
     assert (tmp_path / "rounds_to_target.png").stat().st_size > 10_000
+    best, every = (text.split(f"## {name}")[1].split("\n\n")[1].splitlines()[0] for name in ("Best config", "All configs"))
+    assert "| final acc | s / round |" in best and "| best acc (± std) | seeds |" in every   # no target: no reaching it
+    assert not any(word in best + every for word in ("target", "reached"))
 
 
 def test_a_sweep_whose_every_run_diverged_says_nothing_was_selected(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -274,22 +275,32 @@ def test_a_trials_reports_carry_the_val_metrics_only_with_a_validation_split():
 
 
 @pytest.mark.usefixtures("fresh_home")
-def test_a_sweep_stops_trials_by_val_accuracy_and_logs_the_val_numbers(tmp_path, tmp_mlflow, monkeypatch):
+def test_a_sweep_stops_trials_by_val_accuracy_and_logs_the_val_numbers(tmp_path, tmp_mlflow, monkeypatch, capsys):
     """A real Ray Tune run under ASHA on val/accuracy (Tune would end the sweep at a report without it),
-    into a real MLflow store: each run's per-round val metrics and its validation summary."""
+    into a real MLflow store: each run's per-round val metrics and its validation summary; the line a
+    trial ends with gives the numbers its summary gives, a trial ASHA stopped (no summary in its last
+    report) too."""
     monkeypatch.chdir(tmp_path)
     base = {**TINY["base"], "data": {**TINY["base"]["data"], "validation_fraction": 0.2}}
-    path = write_sweep(tmp_path / "val.yaml", "val", base=base, grid={"local.lr": [0.1]}, methods={"fedavg": {}},
-                       scheduler={"metric": "val/accuracy", "grace_period": 2})
+    path = write_sweep(tmp_path / "val.yaml", "val", base=base, grid={"local.lr": [0.1, 1.0e-6]},
+                       methods={"fedavg": {}}, max_concurrent=1,
+                       scheduler={"metric": "val/accuracy", "grace_period": 2, "reduction_factor": 2})
     assert main(["tune", path]) == 0
+    err = capsys.readouterr().err
     client, runs = trial_runs(tmp_mlflow, "val")
-    assert len(runs) == 1 and runs[0].data.tags["fedsweep.status"] == "finished"
-    run = runs[0].data
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val/accuracy")] == [2, 4]
+    by_lr = {r.data.params["local.lr"]: r for r in runs}
+    assert {lr: r.data.tags["fedsweep.status"] for lr, r in by_lr.items()} == {"0.1": "finished", "1e-06": "stopped"}
+    run = by_lr["0.1"].data
+    assert [m.step for m in client.get_metric_history(by_lr["0.1"].info.run_id, "val/accuracy")] == [2, 4]
     assert run.metrics["best/val_accuracy"] == run.metrics["summary/best_val_accuracy"]
     assert run.metrics["val_rounds_to_target"] == run.metrics["summary/val_rounds_to_target"]
     assert {"summary/best_val_round", "summary/test_accuracy_at_best_val", "summary/final_val_accuracy"} <= \
         set(run.metrics)
+    for lr, word in (("0.1", "finished"), ("1e-06", "stopped")):
+        m = by_lr[lr].data.metrics
+        line = re.search(rf"^\[{word}\] fedavg local.lr={lr} seed=0: (.*)$", err, re.M)
+        assert line and line[1] == (f"best val acc {m['summary/best_val_accuracy']:.4f}, test acc at best val "
+                                    f"{m['summary/test_accuracy_at_best_val']:.4f} after {m['summary/rounds']:.0f} rounds"), err
 
 
 # ---- refusals ---------------------------------------------------------------------------------------

@@ -126,7 +126,8 @@ class Registry:
         return [self._entries[n] for n in self.names()]
 
 
-_PLUGIN_HINT = " (your own: name its file in `plugins:`, docs/extending.md)"
+_PLUGIN_HINT = (" (your own: name its file in `plugins:` of the config, or give it to `fedsweep check` and `bench` "
+                "as `--plugins FILE`; docs/extending.md)")
 
 ALGORITHMS = Registry("algorithm", "algorithm.name")
 MODELS = Registry("model", "model.name")

@@ -46,14 +46,18 @@ def _score_label(attrs: dict) -> str:
 
 
 def _best_table(best: pd.DataFrame) -> str:
+    """A row per selected config; the columns of reaching the target only where runs had one."""
     settings = best.attrs["settings"]
     accuracy = _score_label(best.attrs)
-    header = [*settings, "method", "config", "seeds", accuracy, "final acc", "rounds to target",
-              "reached", "s to target", "models up to target", "s / round", "stability", "diverged"]
+    targeted = "target" not in best or bool(best["target"].notna().any())
+    reach = ["rounds to target", "reached", "s to target", "models up to target"] if targeted else []
+    header = [*settings, "method", "config", "seeds", accuracy, "final acc", *reach, "s / round", "stability",
+              "diverged"]
     rows = [[*(_fmt_value(r[k]) for k in settings), r["method"], r["config"] or "—", str(r["n"]),
-             _ci(r["acc_ci"], 4), _ci(r["final_ci"], 4), _ci(r["rtt_ci"], 1), f"{r['reached']}/{r['n']}",
-             _num(r["sec_to_target"], 2), _num(r["comm_to_target"], 0), _num(r["sec_per_round"], 3),
-             _num(r.get("stability"), 2), str(r["diverged"])] for _, r in best.iterrows()]
+             _ci(r["acc_ci"], 4), _ci(r["final_ci"], 4),
+             *([_ci(r["rtt_ci"], 1), f"{r['reached']}/{r['n']}", _num(r["sec_to_target"], 2),
+                _num(r["comm_to_target"], 0)] if targeted else []),
+             _num(r["sec_per_round"], 3), _num(r.get("stability"), 2), str(r["diverged"])] for _, r in best.iterrows()]
     return _markdown(header, rows)
 
 
@@ -132,20 +136,23 @@ def _interactions_table(table: pd.DataFrame) -> str:
                       "verdict", "test"], rows)
 
 
-def _all_table(configs: pd.DataFrame) -> str:
+def _all_table(configs: pd.DataFrame, targeted: bool = True) -> str:
     """Every tuning config, ranked within its method and settings; with a validation split the
-    numbers selection ranks by (validation) beside the ones reported (test)."""
+    numbers selection ranks by (validation) beside the ones reported (test); rounds to target only
+    where runs had a target (``targeted``)."""
     settings = configs.attrs["settings"]
     on_val, metric = configs.attrs.get("selected_on") == "validation", configs.attrs.get("metric")
     accuracy = _score_label(configs.attrs)
     twin = ("final " + metric if own_metric(metric) else "/val_".join(metric.split("/", 1))) if metric else "val acc"
-    selects = [f"{twin} (selects)", "val rounds to target (selects)"] if on_val else []
-    header = ["method", *settings, "rank", "config", *selects, f"{accuracy} (± std)", "rounds to target (± std)",
-              "reached", "seeds", "statuses", "config_id"]
+    selects = [f"{twin} (selects)", *(["val rounds to target (selects)"] if targeted else [])] if on_val else []
+    reach = ["rounds to target (± std)", "reached"] if targeted else []
+    header = ["method", *settings, "rank", "config", *selects, f"{accuracy} (± std)", *reach, "seeds", "statuses",
+              "config_id"]
     rows = [[r["method"], *(_fmt_value(r[k]) for k in settings), str(r["rank"]), r["config"] or "—",
-             *([_num(r["sel_acc_mean"], 4), _num(r["sel_rtt_mean"], 1)] if on_val else []),
-             _pm(r["acc_mean"], r["acc_std"], 4), _pm(r["rtt_mean"], r["rtt_std"], 1),
-             f"{r['reached']}/{r['n']}", str(r["n"]), r["statuses"], f"`{r['config_id']}`"]
+             *([_num(r["sel_acc_mean"], 4), *([_num(r["sel_rtt_mean"], 1)] if targeted else [])] if on_val else []),
+             _pm(r["acc_mean"], r["acc_std"], 4),
+             *([_pm(r["rtt_mean"], r["rtt_std"], 1), f"{r['reached']}/{r['n']}"] if targeted else []),
+             str(r["n"]), r["statuses"], f"`{r['config_id']}`"]
             for _, r in configs.iterrows()]
     return _markdown(header, rows)
 

@@ -296,7 +296,8 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
                   "Per-client evaluation): the global model, it fine-tuned on the client's data, and the method's "
                   "personal models where it has them (with `eval.unseen_clients`, the global model and it "
                   "fine-tuned on the clients held out of training, apart); per model the mean over clients / the mean of the worst 10% "
-                  "/ the lowest client, averaged over the best config's runs. Descriptive: these are final values, "
+                  "/ the lowest client, averaged over the best config's runs (a run the scheduler stopped at its own "
+                  "last evaluation, an earlier round than finished runs'). Descriptive: these are final values, "
                   "not the numbers the configs were selected or compared by.", "", clients_table, ""]
         if ecdf is not None:
             lines += ["![each client's test accuracy](client_accuracy.png)", ""]
@@ -338,7 +339,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     lines += [
         "## All configs",
         "",
-        _all_table(configs),
+        _all_table(configs, targeted=bool(best["target"].notna().any())),
         "",
     ]
     incomplete = trials[trials["status"] == "incomplete"]

@@ -105,6 +105,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
         def __init__(self):
             self.total, self.best = len(stage), {}   # setting -> (rank key, run name, split, text)
             self.seen: dict[int, tuple] = {}         # sweep trial -> (first round at target or None, best accuracy)
+            self.scores: dict[int, tuple] = {}       # sweep trial -> (its best on the selecting split, the score there)
             self.storage_said = False
             self._start_clock()
 
@@ -199,10 +200,39 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             for index, part in result.get("members", {}).items():
                 if part.get("rows"):
                     self.reported[int(index)] = max(self.reported.get(int(index), 0), part["rows"][-1]["round"])
+                self._keep_score(int(index), part.get("rows", []))
                 self._lead(trial, int(index), part.get("rows", []))
             if time.time() - self.last_print > STATUS_EVERY_S:
                 self.last_print = time.time()
                 self._print(self._line(trials))
+
+        def _keep_score(self, index: int, rows: list[dict]):
+            """Keep ``index``'s best on the split that selects (validation where it has one) and the
+            scored number at the first round reaching it, as its summary computes them: the line a
+            trial ends with reads them, and a trial the scheduler stopped ends without a summary."""
+            split = "val" if any(self._column("val") in r for r in rows) else "test"
+            pick, score = self._column(split), self._column("test")
+            sign = -1.0 if metric and mode == "min" else 1.0
+            best = getattr(self, "scores", {}).get(index)      # (a sweep resumed from an older pickle)
+            for r in rows:
+                if math.isfinite(r.get(pick, math.nan)) and (best is None or sign * r[pick] > sign * best[0]):
+                    best = (r[pick], r.get(score, math.nan), split)
+            if best is not None:
+                self.scores = {**getattr(self, "scores", {}), index: best}
+
+        def _said(self, index: int, part: dict) -> str:
+            """A trial's numbers on the line it ends with: what selection reads and what it is scored by
+            (``report.metric`` where set), from its rows (:meth:`_keep_score`)."""
+            best, score, split = getattr(self, "scores", {}).get(index, (math.nan, math.nan, "test"))
+            if not metric:
+                if split == "test":
+                    return f"best acc {part.get('best/test_accuracy', best):.4f}"
+                return f"best val acc {best:.4f}, test acc at best val {score:.4f}"
+            pick, scored = self._column(split), self._column("test")
+            word = "lowest" if mode == "min" else "best"
+            if pick == scored:
+                return f"{word} {pick} {best:.4f}"
+            return f"{word} {pick} {best:.4f}, {scored} there {score:.4f}"
 
         @staticmethod
         def _column(split: str) -> str:
@@ -245,11 +275,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                 if part.get("error"):
                     self._print(f"[failed] {self._label(trial, index)}: {part['error']}")
                     continue
-                acc = part.get("best/test_accuracy", float("nan"))
-                said = f"best acc {acc:.4f}"
-                if "best/val_accuracy" in part:
-                    scored = part.get("summary/test_accuracy_at_best_val", float("nan"))
-                    said = f"best val acc {part['best/val_accuracy']:.4f}, test acc at best val {scored:.4f}"
+                said = self._said(index, part)
                 self._print(f"[{member_status(trial, index)}] {self._label(trial, index)}: {said} "
                             f"after {part.get('round', 0)} rounds")
 

@@ -115,4 +115,5 @@ def confirm_tuner(sweep, payloads, units, first: int, store: Storage, sweep_id: 
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[make_mlflow_callback(uri, exp_id, parent_id, sweep.name, store, payloads, units, adopt),
                        make_progress_callback(payloads, units, store, indices=indices,
-                                              settings=sweep.report.settings, lead=False)]))
+                                              settings=sweep.report.settings, metric=sweep.report.metric,
+                                              mode=sweep.report.mode, lead=False)]))
