@@ -2,6 +2,8 @@
 summary, in Tune's reports, and selectable by ``report.metric``, ``search.metric`` and ``scheduler.metric``."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from test_tune import trial_runs, write_sweep
@@ -43,10 +45,11 @@ def test_an_own_metric_some_trial_would_never_report_is_refused(tmp_path, capsys
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
-def test_report_metric_of_the_algorithms_own_selects_scores_and_calls_verdicts(tmp_path, monkeypatch, fresh_home):
+def test_report_metric_of_the_algorithms_own_selects_scores_and_calls_verdicts(tmp_path, monkeypatch, fresh_home,
+                                                                              capsys):
     """report.metric: weights/max_abs_dev, mode min — configs ranked by each run's final value (lowest
     first), confirm runs scored by it, a verdict paired by seed; ASHA reads it at its rungs; the report
-    tabulates every own metric."""
+    tabulates every own metric; each finished trial's line gives its final value."""
     import fedsweep
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -55,9 +58,12 @@ def test_report_metric_of_the_algorithms_own_selects_scores_and_calls_verdicts(t
     sweep = {**OWN_SWEEP, "name": "own", "seeds": [0, 1], "confirm": {"seeds": [10, 11, 12]},
              "scheduler": {"metric": metric, "mode": "min", "grace_period": 2},
              "report": {"settings": [], "metric": metric, "mode": "min", "reference": "gen_fedavg"}}
-    trials = fedsweep.tune(sweep, report=False)
+    trials = fedsweep.tune(sweep, report=False, progress=True)
     assert len(trials) == 2 * 2 * 2 + 2 * 3
     _, runs = trial_runs(uri, "own")
+    said = re.findall(rf"^\[finished\] .*: {metric} (\S+) \(its latest\) after", capsys.readouterr().err, re.M)
+    assert sorted(said) == sorted(f"{r.data.metrics['summary/final_weights_max_abs_dev']:.4f}" for r in runs
+                                  if r.data.tags["fedsweep.status"] == "finished")
     assert all(f"summary/final_{metric.replace('/', '_')}" in r.data.metrics for r in runs
                if r.data.tags["fedsweep.status"] == "finished")
     result = fedsweep.report(sweep)

@@ -13,7 +13,7 @@ import sys
 import time
 
 from fedsweep.config.names import short
-from fedsweep.runs.summary import first_at_target
+from fedsweep.runs.summary import first_at_target, own_metric
 from fedsweep.sweep.callbacks import member_status, trial_error
 from fedsweep.sweep.spec import drawn_payload
 
@@ -213,9 +213,10 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             split = "val" if any(self._column("val") in r for r in rows) else "test"
             pick, score = self._column(split), self._column("test")
             sign = -1.0 if metric and mode == "min" else 1.0
+            latest = bool(metric) and own_metric(metric)        # an own metric: its latest value selects
             best = getattr(self, "scores", {}).get(index)      # (a sweep resumed from an older pickle)
             for r in rows:
-                if math.isfinite(r.get(pick, math.nan)) and (best is None or sign * r[pick] > sign * best[0]):
+                if math.isfinite(r.get(pick, math.nan)) and (best is None or latest or sign * r[pick] > sign * best[0]):
                     best = (r[pick], r.get(score, math.nan), split)
             if best is not None:
                 self.scores = {**getattr(self, "scores", {}), index: best}
@@ -229,17 +230,15 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
                     return f"best acc {part.get('best/test_accuracy', best):.4f}"
                 return f"best val acc {best:.4f}, test acc at best val {score:.4f}"
             pick, scored = self._column(split), self._column("test")
-            word = "lowest" if mode == "min" else "best"
-            if pick == scored:
-                return f"{word} {pick} {best:.4f}"
-            return f"{word} {pick} {best:.4f}, {scored} there {score:.4f}"
+            if own_metric(metric):
+                return f"{pick} {best:.4f} (its latest)"
+            return f"best {pick} {best:.4f}, {scored} there {score:.4f}"
 
         @staticmethod
         def _column(split: str) -> str:
             """What a run is ranked by on ``split``: its accuracy, or ``metric`` (on val its twin)."""
             if not metric:
                 return f"{split}/accuracy"
-            from fedsweep.runs.summary import own_metric
             return metric if split == "test" or own_metric(metric) else metric.replace("/accuracy_", "/val_accuracy_")
 
         def _lead(self, trial, index: int, rows: list[dict]):
