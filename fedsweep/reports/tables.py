@@ -45,11 +45,17 @@ def _score_label(attrs: dict) -> str:
     return "test acc at best val" if on_val else "best acc"
 
 
+def _targeted(best: pd.DataFrame) -> bool:
+    """Whether the selected configs' runs had a target accuracy (absolute or relative): the report's
+    tables show reaching it only then."""
+    return "target" not in best or bool(best["target"].notna().any())
+
+
 def _best_table(best: pd.DataFrame) -> str:
     """A row per selected config; the columns of reaching the target only where runs had one."""
     settings = best.attrs["settings"]
     accuracy = _score_label(best.attrs)
-    targeted = "target" not in best or bool(best["target"].notna().any())
+    targeted = _targeted(best)
     reach = ["rounds to target", "reached", "s to target", "models up to target"] if targeted else []
     header = [*settings, "method", "config", "seeds", accuracy, "final acc", *reach, "s / round", "stability",
               "diverged"]

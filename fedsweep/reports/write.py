@@ -20,7 +20,7 @@ from fedsweep.reports.interactions import interaction_table
 from fedsweep.reports.sections import _across_settings, _comparison_lines, _interaction_lines, _splits_text
 from fedsweep.reports.stats import Metric, add_intervals, comparison_table, seed_values
 from fedsweep.reports.tables import (_all_table, _best_table, _client_table, _comparisons_table,
-                                     _markdown, _own_table, _rounds_table)
+                                     _markdown, _own_table, _rounds_table, _targeted)
 from fedsweep.reports.trials import (DEFAULT_SETTING_KEYS, SCORED, _col, _fmt_value, _groups, _Runs, best_configs,
                                     config_table, files_warning, load_trials, relative_targets, score_column)
 from fedsweep.reports.verdicts import forest_png, verdicts_tex
@@ -339,7 +339,7 @@ def make_report(tracking_uri: str | None, experiment: str, sweep: str, out_dir: 
     lines += [
         "## All configs",
         "",
-        _all_table(configs, targeted=bool(best["target"].notna().any())),
+        _all_table(configs, targeted=_targeted(best)),
         "",
     ]
     incomplete = trials[trials["status"] == "incomplete"]

@@ -121,7 +121,7 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             return {k: v for k, v in self.__dict__.items() if k not in ("ticker", "trials")}
 
         def __setstate__(self, state):           # restored by `--resume`: this driver's clock
-            self.__dict__.update(state)
+            self.__dict__.update({"scores": {}, **state})   # (a sweep started before trials' scores were kept)
             self._start_clock()
 
         def setup(self, **info):
@@ -214,17 +214,17 @@ def make_progress_callback(payloads: list[dict], units: list[list[int]], store=N
             pick, score = self._column(split), self._column("test")
             sign = -1.0 if metric and mode == "min" else 1.0
             latest = bool(metric) and own_metric(metric)        # an own metric: its latest value selects
-            best = getattr(self, "scores", {}).get(index)      # (a sweep resumed from an older pickle)
+            best = self.scores.get(index)
             for r in rows:
                 if math.isfinite(r.get(pick, math.nan)) and (best is None or latest or sign * r[pick] > sign * best[0]):
                     best = (r[pick], r.get(score, math.nan), split)
             if best is not None:
-                self.scores = {**getattr(self, "scores", {}), index: best}
+                self.scores[index] = best
 
         def _said(self, index: int, part: dict) -> str:
             """A trial's numbers on the line it ends with: what selection reads and what it is scored by
             (``report.metric`` where set), from its rows (:meth:`_keep_score`)."""
-            best, score, split = getattr(self, "scores", {}).get(index, (math.nan, math.nan, "test"))
+            best, score, split = self.scores.get(index, (math.nan, math.nan, "test"))
             if not metric:
                 if split == "test":
                     return f"best acc {part.get('best/test_accuracy', best):.4f}"
