@@ -10,6 +10,10 @@ import pytest
 import torch
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n: each worker leads a process group of its own, as a lone pytest does, so that "the
+    # processes of this test's group" (a local Ray instance's, a sweep's) are never another worker's
+    os.setpgid(0, 0)
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

@@ -18,12 +18,12 @@ pytestmark = pytest.mark.usefixtures("fresh_home")
 
 def test_a_killed_run_is_ended_by_the_next_command_and_its_resume_continues_the_same_run(tmp_path, monkeypatch, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rounds = 400
+    rounds = 1000   # 4-7 s of training: killed long before its end (rows come at its first round, then every 5 s)
     cfg = write_run(tmp_path, uri, rounds=rounds, eval={"every": 10})
     ckpt = tmp_path / "ckpt"
     proc = start(["run", cfg, "--quiet", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"], tmp_path)
     try:
-        wait_for(lambda: [r for r in runs_of(uri, "faults") if len(steps(uri, r.info.run_id)) >= 40]
+        wait_for(lambda: [r for r in runs_of(uri, "faults") if steps(uri, r.info.run_id)]
                  and (ckpt / "last.ckpt").is_file(), 240, "rounds written and a checkpoint")
     finally:
         proc.send_signal(signal.SIGKILL)
