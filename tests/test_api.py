@@ -69,6 +69,7 @@ SWEEP = {
     "grid": {"model.options.width": [np.int64(4), np.int64(16)]},   # numpy numbers, as a notebook makes them
     "methods": {"fedavg": {}, "api_halfstep": {}},
     "seeds": [0],
+    "max_concurrent": 1,   # one trial worker, not two (test_tune.TINY says why)
 }
 
 

@@ -207,7 +207,7 @@ def test_own_models_on_both_paths_with_clients_without_data(sizes):
         torch.testing.assert_close(own_models(fm, W, x, y, index, batch, vectorized), by_hand)
 
 
-CLIENT_SWEEP = {"grid": {}, "methods": {"fedavg": {}, "fedper": {}},
+CLIENT_SWEEP = {"grid": {}, "methods": {"fedavg": {}, "fedper": {}}, "max_concurrent": 1,
                 "base": {"rounds": 8, "clients_per_round": 4, "device": "cpu",
                          "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"},
                                   "validation_fraction": 0.2, "validation": "federated"},

@@ -28,6 +28,7 @@ SWEEP = {
     "seeds": [0, 1],
     "confirm": {"seeds": [10, 11]},
     "report": {"settings": ["heterogeneity.rho"]},
+    "max_concurrent": 1,   # one trial worker, not two (test_tune.TINY says why)
 }
 
 

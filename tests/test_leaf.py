@@ -272,7 +272,7 @@ def test_fedsweep_run_trains_lenet5_on_femnist_shaped_users(tmp_path, capsys):
 def test_a_sweep_on_leaf_runs_on_ray_tune_into_mlflow_and_reports(tmp_path, monkeypatch, fresh_home):
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = {"name": "leafsweep", "seeds": [0], "grid": {"local.lr": [0.05, 0.2]},
+    spec = {"name": "leafsweep", "seeds": [0], "max_concurrent": 1, "grid": {"local.lr": [0.05, 0.2]},
             "methods": {"fedavg": {}, "fedprox": {"algorithm.mu": [0.01]}},
             "base": {"rounds": 2, "clients_per_round": 3, "device": "cpu", "mlflow": {"tracking_uri": uri},
                      "data": {"name": "leaf", "root": os.path.relpath(write_leaf(tmp_path / "toy")), "num_clients": 5},

@@ -10,6 +10,7 @@ from test_tune import trial_runs, write_sweep
 
 # FedSoftMax and its reference, gen_fedavg (the loss-aware family), both log weights/*
 OWN_SWEEP = {"grid": {"local.lr": [0.05, 0.2]}, "methods": {"gen_fedavg": {}, "fedsoftmax": {}},
+             "max_concurrent": 1,
              "base": {"rounds": 6, "clients_per_round": 4, "device": "cpu",
                       "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "classes"}},
                       "model": {"name": "mlp", "options": {"hidden": 16}}, "local": {"steps": 4, "batch_size": 5},

@@ -286,7 +286,7 @@ def test_an_installed_package_plugs_in_by_its_entry_point(tmp_path):
     (site / "labdist-1.0.dist-info" / "entry_points.txt").write_text(
         "[fedsweep.plugins]\nlab = labdist_plugin\npkg = labpkg.hook\n")
     sweep.write_text(yaml.safe_dump({"name": "eps", "base": {**tiny_raw(), "rounds": 2}, "methods": {"pk_half": {}},
-                                     "seeds": [0], "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}}))
+                                     "seeds": [0], "max_concurrent": 1, "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}}))
     for argv in (["--dry-run"], []):
         swept = subprocess.run([sys.executable, "-m", "fedsweep.cli", "tune", str(sweep), *argv], env=env,
                                capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -375,6 +375,7 @@ def test_plugins_go_through_packs_validation_confirm_search_and_asha(plugin_dir,
     monkeypatch.chdir(tmp_path)
     packed = plugin_dir.folder / "packed.yaml"
     packed.write_text(yaml.safe_dump({"plugins": ["lab.py"], "name": "packed", "base": base, "pack": "seeds",
+                                      "max_concurrent": 1,
                                       "grid": {"model.options.width": [4, 8]}, "seeds": [0, 1],
                                       "methods": {"fedavg": {}, "lab_half": {}}, "confirm": {"seeds": [5]}}))
     assert main(["tune", str(packed)]) == 0, capsys.readouterr().err[-3000:]
@@ -385,7 +386,7 @@ def test_plugins_go_through_packs_validation_confirm_search_and_asha(plugin_dir,
         runs[0].data.metrics
     searched = plugin_dir.folder / "searched.yaml"
     searched.write_text(yaml.safe_dump({
-        "plugins": ["lab.py"], "name": "searched", "base": {**base, "rounds": 8}, "seeds": [0],
+        "plugins": ["lab.py"], "name": "searched", "base": {**base, "rounds": 8}, "seeds": [0], "max_concurrent": 1,
         "methods": {"lab_half": {}}, "search": {"space": {"model.options.width": {"choice": [4, 8]},
                                                           "algorithm.share": {"uniform": [0.2, 1.0]}},
                                                "num_samples": 4, "seed": 0},

@@ -35,6 +35,9 @@ TINY = {
     "grid": {"local.lr": [0.1, 1.0e30]},
     "methods": {"fedavg": {}, "fedlga": {"algorithm.damping": [1.0]}},
     "seeds": [0],
+    # One trial at a time: one trial worker imports torch and Lightning (~4 CPU-s a sweep) instead of two.
+    # The tests of trials at once (and of what they share) set max_concurrent themselves.
+    "max_concurrent": 1,
 }
 
 
