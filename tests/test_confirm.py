@@ -231,7 +231,8 @@ def test_resume_continues_a_later_look_of_the_confirm_stage(tmp_path):
                                                         "fedcm": list(range(10, 22))}
 
 
-@pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm", "confirm unsaved"])
+@pytest.mark.parametrize("stage", [pytest.param("tuning", marks=pytest.mark.slow), "confirm",
+                                   pytest.param("confirm unsaved", marks=pytest.mark.slow)])
 def test_resume_continues_across_the_stages(tmp_path, stage):
     """Ctrl-C in the tuning stage: `--resume` finishes it, then plans and runs the confirm stage;
     Ctrl-C in the confirm stage: `--resume` continues that stage; and so when Ray Tune's record of the

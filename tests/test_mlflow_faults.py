@@ -113,6 +113,7 @@ def in_small_tmpfs(folder: Path, size: str, argv: list[str], cwd) -> subprocess.
 
 # -- fedsweep run ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_run_is_in_mlflow_while_it_trains_and_trains_on_through_a_locked_store(tmp_path):
     """The run exists (RUNNING, with its params and dataset) and holds metric rows while it trains,
     read here, from another process; a store locked by another writer for longer than sqlite waits
@@ -143,6 +144,7 @@ def test_a_run_is_in_mlflow_while_it_trains_and_trains_on_through_a_locked_store
     assert {a.path for a in client_of(uri).list_artifacts(run.info.run_id)} >= {"metrics.csv", "summary.json"}
 
 
+@pytest.mark.slow
 def test_a_full_store_keeps_the_run_on_disk_and_fedsweep_log_writes_it_later(tmp_path):
     """A store on a disk that fills up mid-run: the run trains to its end, exits 5 with one line
     naming the folder its records are kept in and the command that logs them; `fedsweep log` writes

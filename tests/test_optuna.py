@@ -122,6 +122,7 @@ def test_a_study_learns_the_mean_over_seeds_and_resumes_where_it_stopped(tmp_pat
     assert before + after == drawn
 
 
+@pytest.mark.slow
 def test_an_optuna_sweep_with_asha_is_interrupted_resumed_without_a_redraw_and_reported(tmp_path, monkeypatch,
                                                                                         capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -94,6 +94,7 @@ def test_an_s3_bucket(s3):
         Storage("nosuch://x")
 
 
+@pytest.mark.slow
 def test_a_sweep_in_an_s3_bucket_resumes_from_its_checkpoints_there(s3, tmp_path, monkeypatch, capsys):
     """`--storage s3://...`: Tune's experiment and each trial's checkpoint live in the bucket, and
     nothing of the sweep on the driver's disk but the lock. Ctrl-C part-way, then `--resume`: the

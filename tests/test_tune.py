@@ -660,7 +660,8 @@ def test_metric_rows_are_written_in_whole_rounds_within_mlflows_limit():
     assert [len(c) for c in whole_rounds([{"round": 1, **{f"m{i}": 1.0 for i in range(1200)}}])] == [1]   # never split
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c", pytest.param("kill", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["ctrl-c", "kill"])
 def test_ctrl_c_marks_open_trials_killed_and_resume_finishes(tmp_path, monkeypatch, capsys, stop):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) or `kill PID` (SIGTERM
     to the driver alone): the open trials' runs become KILLED, the line counts the whole sweep, no

@@ -97,6 +97,7 @@ def test_a_member_whose_data_cannot_be_made_fails_alone(tmp_path, monkeypatch, c
     assert [m.value for m in losses] == pytest.approx([h["train/loss"] for h in solo.history], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_sweep_resumes_after_kill(tmp_path, monkeypatch):
     """`kill -9` of the driver mid-sweep; `--resume` finishes every packed config, each round logged
     exactly once, nothing duplicated. Each pack trains long enough (240 rounds, ~5 s) that the second
