@@ -11,6 +11,9 @@ import yaml
 
 from test_tune import TINY
 
+#: A benchmarked sweep runs as many trials at once as the machine holds (TINY runs one at a time)
+AT_ONCE = {**TINY, "max_concurrent": None}
+
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.usefixtures("fresh_home")
 
@@ -75,7 +78,7 @@ def test_pack_benchmark_of_a_sweeps_own_trials(tmp_path):
     """`--sweep`: the sweep's own trials one after another and in the packs `pack: N` makes, in one
     process without Ray or MLflow (how a machine without them, such as a lent GPU's, measures it)."""
     sweep = tmp_path / "p.yaml"
-    sweep.write_text(yaml.safe_dump({**TINY, "name": "p", "methods": {"fedavg": {}}, "grid": {"local.lr": [0.05, 0.1]},
+    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "p", "methods": {"fedavg": {}}, "grid": {"local.lr": [0.05, 0.1]},
                                      "seeds": [0, 1, 2]}))
     out = tmp_path / "pack.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--sweep", str(sweep), "--pack", "4",
@@ -92,7 +95,7 @@ def test_pack_benchmark_against_a_baseline(tmp_path):
     """`--sweep --baseline DIR`: each timing in a fresh process whose fedsweep is the named checkout's
     (first on the path, before the editable install), the baseline's first, in turn."""
     sweep = tmp_path / "b.yaml"
-    sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "methods": {"fedavg": {}, "fedprox": {}}, "seeds": [0, 1]}))
+    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "b", "methods": {"fedavg": {}, "fedprox": {}}, "seeds": [0, 1]}))
     base = tmp_path / "base"
     shutil.copytree(ROOT / "fedsweep", base / "fedsweep")
     out = tmp_path / "ab.json"
@@ -123,7 +126,7 @@ def test_pack_memory_benchmark(tmp_path):
 @pytest.mark.slow   # ~100 s: two real sweeps, three `fedsweep run`s and the trials in process
 def test_sweep_benchmark(tmp_path):
     sweep = tmp_path / "b.yaml"
-    sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
+    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
                                      "methods": {"fedavg": {}}}))
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2", "--json", str(out),
@@ -158,7 +161,7 @@ def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
     """--repeat medians with every value kept; --baseline measures another checkout (here this one
     again) right before this one, each time."""
     sweep = tmp_path / "b.yaml"
-    sweep.write_text(yaml.safe_dump({**TINY, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
+    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
                                      "methods": {"fedavg": {}}}))
     out = tmp_path / "sweep.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2",
@@ -184,7 +187,7 @@ def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
 def test_sweep_benchmark_of_a_sweep_with_a_scheduler_measures_it_unpacked(tmp_path):
     """fedsweep refuses `pack:` beside a scheduler: the benchmark says so and measures the rest."""
     sweep = tmp_path / "a.yaml"
-    sweep.write_text(yaml.safe_dump({**TINY, "name": "a", "grid": {"local.lr": [0.05, 0.1]}, "methods": {"fedavg": {}},
+    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "a", "grid": {"local.lr": [0.05, 0.1]}, "methods": {"fedavg": {}},
                                      "scheduler": {"kind": "asha", "metric": "test/accuracy", "grace_period": 2}}))
     out = tmp_path / "sweep.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--skip-in-process",

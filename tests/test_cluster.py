@@ -14,7 +14,7 @@ from test_tune import TINY, trial_runs
 
 
 def sweep_file(tmp_path, name, **over):
-    spec = {**TINY, "name": name, "methods": {"fedavg": {}}, **over}
+    spec = {**TINY, "name": name, "methods": {"fedavg": {}}, "max_concurrent": None, **over}   # what the nodes hold
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return str(path)

@@ -827,8 +827,11 @@ def test_a_sweep_that_ended_well_leaves_no_ray_session_folder(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     path = write_sweep(tmp_path / "s.yaml", "s", methods={"fedavg": {}}, grid={"local.lr": [0.1]})
+    ctrl_c = signal.getsignal(signal.SIGINT)
     result = tune_sweep(path)
     assert result.get("finished") == 1 and result["ray_session"] and not result["ray_session_kept"]
+    # Ray Tune's Ctrl-C handler, left installed, would swallow a Ctrl-C after its run (between stages)
+    assert signal.getsignal(signal.SIGINT) is ctrl_c
     folder = Path(result["ray_session"])
     assert folder.name.startswith("session_") and folder.parent.is_dir() and not folder.exists()
     assert os.path.realpath(folder.parent / "session_latest") != str(folder)

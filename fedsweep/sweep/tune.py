@@ -347,6 +347,8 @@ def _fit(sweep, trials, record: bytes, root: Storage, uri, resume, client, exp_i
                                        experiment, grace, look + 1))
         except ConfigError as e:   # the records cannot be read, or a method has none to select
             stopped, planned = e, None
+        except KeyboardInterrupt as e:   # Ctrl-C while the look is planned: --resume plans it again
+            stopped, planned = e, None
         if planned is None:        # interrupted (Ctrl-C: --resume goes on with it), or every question answered
             break
         payloads, units, tuner = planned
@@ -363,7 +365,8 @@ def _drive(tuner, restore, grace: float):
     """Run ``tuner`` to its end; returns (what stopped it, or None; the grace left for MLflow's writes)."""
     for lost in range(LOST_RESULT_RETRIES + 1):
         try:
-            tuner.fit()
+            with _own_ctrl_c():
+                tuner.fit()
             return None, grace
         except RuntimeError as e:
             if lost == LOST_RESULT_RETRIES or not _lost_with_its_node(e):
@@ -379,6 +382,23 @@ def _drive(tuner, restore, grace: float):
         except KeyboardInterrupt as e:   # a second Ctrl-C: Tune stops at once; what it left open is closed
             return e, min(grace, 5.0)
     return None, grace
+
+
+@contextlib.contextmanager
+def _own_ctrl_c():
+    """Ray Tune's Ctrl-C handler only while Tune runs: Tune 2.60 installs it at each run's start and
+    leaves it installed when the run ends well, where a Ctrl-C (while the confirm stage's next look is
+    planned, or the sweep ends) would set the flag of a run that is over and be lost."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():   # Tune installs none there either
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 LOST_RESULT_RETRIES = 3   # restores in one driver after results lost with dead nodes, then it stops
