@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_tune import TINY
-
-#: A benchmarked sweep runs as many trials at once as the machine holds (TINY runs one at a time)
-AT_ONCE = {**TINY, "max_concurrent": None}
+from test_tune import AT_ONCE   # a benchmarked sweep runs as many trials at once as the machine holds
 
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.usefixtures("fresh_home")

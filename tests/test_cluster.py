@@ -10,11 +10,11 @@ import yaml
 
 from fedsweep.cli import main
 from raycluster import can_hide_folders, ray_head, ray_node, ray_node_without, user_env
-from test_tune import TINY, trial_runs
+from test_tune import AT_ONCE, TINY, trial_runs
 
 
 def sweep_file(tmp_path, name, **over):
-    spec = {**TINY, "name": name, "methods": {"fedavg": {}}, "max_concurrent": None, **over}   # what the nodes hold
+    spec = {**AT_ONCE, "name": name, "methods": {"fedavg": {}}, **over}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return str(path)

@@ -39,6 +39,8 @@ TINY = {
     # The tests of trials at once (and of what they share) set max_concurrent themselves.
     "max_concurrent": 1,
 }
+#: TINY with as many trials at once as the machine (or a cluster's nodes) holds
+AT_ONCE = {**TINY, "max_concurrent": None}
 
 
 def write_sweep(path, name, **over):
