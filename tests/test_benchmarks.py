@@ -153,46 +153,36 @@ def test_sweep_benchmark(tmp_path):
     assert got["unpacked"]["report_s"] > 0 and "report_s" not in got["packed"]
 
 
-@pytest.mark.slow   # ~3.5 min: 8 real sweeps, 4 in-process sums and 4 in-process runs 2 at once
+@pytest.mark.slow   # ~2 min: 4 real sweeps, 4 in-process sums and 4 in-process runs 2 at once
 def test_sweep_benchmark_repeats_against_a_baseline(tmp_path):
     """--repeat medians with every value kept; --baseline measures another checkout (here this one
-    again) right before this one, each time."""
-    sweep = tmp_path / "b.yaml"
-    sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "b", "grid": {"local.lr": [0.05, 0.1]},
-                                     "methods": {"fedavg": {}}}))
-    out = tmp_path / "sweep.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--pack", "2",
-                           "--repeat", "2", "--baseline", str(ROOT), "--json", str(out)],
-                          check=True, capture_output=True, text=True, cwd=tmp_path)
-    got = json.loads(out.read_text())
-    for res in (got, got["baseline"]):
-        assert len(res["in_process"]["sum_s_all"]) == 2 and res["in_process"]["sum_s"] in res["in_process"]["sum_s_all"]
-        assert len(res["in_parallel"]["wall_s_all"]) == 2
-        for run in ("unpacked", "packed"):
-            assert len(res[run]["wall_s_all"]) == 2 and res[run]["wall_s"] in res[run]["wall_s_all"]
-            assert res[run]["trials"] == 2 and res[run]["statuses"] == ["finished"]
-            # each repeat's sweep against the goal from the in-process sum measured beside it
-            assert res[run]["over_goal_s_all"] == [pytest.approx(w - (1.3 * t / got["concurrency"] + 10)) for t, w
-                                                   in zip(res["in_process"]["sum_s_all"], res[run]["wall_s_all"])]
-    order = [line.split("]")[1].split(":")[0].strip() for line in proc.stdout.splitlines() if line.startswith("[")]
-    assert order[:4] == ["baseline in_process", "now in_process", "baseline in_parallel", "now in_parallel"]
-    assert len(order) == 16
-    assert proc.stdout.count(f"against the goal (≤ 1.3 × sum / {got['concurrency']} + 10 s): ") == 4
-
-
-@pytest.mark.slow   # ~40 s: one real sweep and three `fedsweep run`s
-def test_sweep_benchmark_of_a_sweep_with_a_scheduler_measures_it_unpacked(tmp_path):
-    """fedsweep refuses `pack:` beside a scheduler: the benchmark says so and measures the rest."""
+    again) right before this one, each time. The sweep has a scheduler, beside which fedsweep refuses
+    `pack:`: the benchmark says so and measures the rest (test_sweep_benchmark measures a packed run)."""
     sweep = tmp_path / "a.yaml"
     sweep.write_text(yaml.safe_dump({**AT_ONCE, "name": "a", "grid": {"local.lr": [0.05, 0.1]}, "methods": {"fedavg": {}},
                                      "scheduler": {"kind": "asha", "metric": "test/accuracy", "grace_period": 2}}))
     out = tmp_path / "sweep.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--skip-in-process",
-                           "--json", str(out)], check=True, capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep.py"), str(sweep), "--repeat", "2",
+                           "--baseline", str(ROOT), "--json", str(out)],
+                          check=True, capture_output=True, text=True, cwd=tmp_path)
     assert "packed: not measured: " in proc.stdout and "has a scheduler (asha)" in proc.stdout
     got = json.loads(out.read_text())
-    assert got["pack"] is None and "packed" not in got and "packed_speedup" not in got
-    assert got["unpacked"]["trials"] == 2 and got["unpacked"]["wall_s"] > 0
+    assert got["pack"] is None and "packed_speedup" not in got
+    for res in (got, got["baseline"]):
+        assert "packed" not in res
+        assert len(res["in_process"]["sum_s_all"]) == 2 and res["in_process"]["sum_s"] in res["in_process"]["sum_s_all"]
+        assert len(res["in_parallel"]["wall_s_all"]) == 2
+        run = res["unpacked"]
+        assert len(run["wall_s_all"]) == 2 and run["wall_s"] in run["wall_s_all"]
+        assert run["trials"] == 2 and set(run["statuses"]) <= {"finished", "stopped"}
+        # each repeat's sweep against the goal from the in-process sum measured beside it
+        assert run["over_goal_s_all"] == [pytest.approx(w - (1.3 * t / got["concurrency"] + 10)) for t, w
+                                          in zip(res["in_process"]["sum_s_all"], run["wall_s_all"])]
+    order = [line.split("]")[1].split(":")[0].strip() for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert order[:6] == ["baseline in_process", "now in_process", "baseline in_parallel", "now in_parallel",
+                         "baseline unpacked", "now unpacked"]
+    assert len(order) == 12
+    assert proc.stdout.count(f"against the goal (≤ 1.3 × sum / {got['concurrency']} + 10 s): ") == 2
 
 
 def test_sweep_benchmark_refuses_a_baseline_that_is_not_fedsweep(tmp_path):

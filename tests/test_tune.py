@@ -958,7 +958,13 @@ def test_loss_aware_sweep_round_trip(tmp_path, monkeypatch):
     path = write_sweep(tmp_path / "soft.yaml", "soft", base=base, grid={"local.lr": [0.1]},
                        methods={"fedavg": {}, "fedsoftmax": {"algorithm.temperature": [0.3, 3.0]}},
                        report={"settings": ["algorithm.temperature"], "relative_target": 0.9})
-    assert main(["tune", path]) == 0
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)   # as a notebook running several sweeps
+    try:
+        assert main(["tune", path]) == 0
+        assert ray.is_initialized() and ray.get(ray.put(1)) == 1   # the sweep ran on this Ray and left it up
+    finally:
+        ray.shutdown()
     client, runs = trial_runs(uri, "soft")
     by_method = {}
     for r in runs:
@@ -1050,11 +1056,6 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
         assert "viewStateShareKey=fedsweep-tiny&" in view and "one row per selected config" in view_line, lines
         assert "viewStateShareKey=fedsweep-tiny-tuning" in tuning, lines
         port = int(view.split(":")[2].split("/")[0])
-        # a run that trains while the browser looks at it (its MLflow run is made before round 1)
-        live = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "run", path, "--set", "rounds=100000",
-                                 "--set", "eval.every=1", "--set", "mlflow.experiment=live", "--quiet"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp, env=env,
-                                start_new_session=True)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium)
             page = None
@@ -1112,6 +1113,12 @@ def test_the_mlflow_ui_answers_which_config_wins_and_shows_the_report_and_a_live
             open_page(parent_page)
             page.get_by_text("Sweep report: tiny").first.wait_for(timeout=30_000)   # its description
 
+            # a run that trains while the browser looks at it (its MLflow run is made before round 1),
+            # started only now: its training beside the pages before cost 13 CPU-s of 2 cores' time
+            live = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "run", path, "--set", "rounds=100000",
+                                     "--set", "eval.every=1", "--set", "mlflow.experiment=live", "--quiet"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp, env=env,
+                                    start_new_session=True)
             announced = ""
             while "watch it train" not in announced:   # "MLflow run ID: watch it train with:  fedsweep ui ..."
                 announced = live.stdout.readline()

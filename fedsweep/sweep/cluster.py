@@ -150,6 +150,8 @@ def check_local_ray() -> None:
     - a new token at ~/.ray/auth_token where token authentication is on (``RAY_AUTH_MODE`` unset or
       ``token``) and no token is found (:func:`find_token`); nothing under HOME otherwise.
     """
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return   # the sweep runs on the Ray this process runs already (ray_session), and starts none
     _check_ray_temp_dir()
     mode = os.environ.get("RAY_AUTH_MODE")
     if (mode is None or mode.lower() == "token") and find_token()[0] is None:
@@ -265,7 +267,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
     the Ray session directory (its processes carry it). ``mode``: the auth mode
     :func:`check_cluster` returned for ``address`` (checked here if not given). ``py_modules``: with
     ``address``, the plugins' files and folders Ray ships to every node (its ``runtime_env``), where
-    the driver's disk is not. The auth environment is restored after."""
+    the driver's disk is not. The auth environment is restored after.
+
+    Without ``address``, in a process that already called ``ray.init`` (a notebook's, a script's that
+    runs several sweeps): the sweep runs on that Ray, which is left running as it was found; yields
+    None, as the session is not the sweep's own (its folder is neither recorded for a driver that
+    takes over after a kill, nor deleted)."""
     import logging
     saved = {k: os.environ.get(k) for k in AUTH_VARS}
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -289,10 +296,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         logging.getLogger(name).setLevel(logging.ERROR)
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_not_the_incomplete_trials)
-    _refresh_ray_auth()
+    joined = not address and ray.is_initialized()   # Ray this process runs already: used, left running
+    if not joined:   # (a joined Ray's config is left as it is)
+        _refresh_ray_auth()
     restore_printer = _short_raylet_messages()
     try:
-        if address:
+        if joined:
+            pass
+        elif address:
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                          **({"runtime_env": {"py_modules": py_modules}} if py_modules else {}))
@@ -306,11 +317,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
             except Exception as e:  # noqa: BLE001 - what check_local_ray cannot foresee: one line
                 raise ConfigError(_local_start_failed(e)) from None
         with _terminate_as_interrupt():
-            yield session_dir()
+            yield None if joined else session_dir()
     finally:
-        if not address:
+        if not address and not joined:
             _stop_monitor()
-        ray.shutdown()
+        if not joined:
+            ray.shutdown()
         restore_printer()
         tune_log.removeFilter(_not_the_incomplete_trials)
         for k, v in saved.items():
@@ -318,7 +330,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _refresh_ray_auth()
+        if not joined:
+            _refresh_ray_auth()
 
 
 RAYLET_WIDTH = 200
