@@ -150,7 +150,7 @@ def check_local_ray() -> None:
     - a new token at ~/.ray/auth_token where token authentication is on (``RAY_AUTH_MODE`` unset or
       ``token``) and no token is found (:func:`find_token`); nothing under HOME otherwise.
     """
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+    if _ray_joined():
         return   # the sweep runs on the Ray this process runs already (ray_session), and starts none
     _check_ray_temp_dir()
     mode = os.environ.get("RAY_AUTH_MODE")
@@ -296,21 +296,19 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         logging.getLogger(name).setLevel(logging.ERROR)
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_not_the_incomplete_trials)
-    joined = not address and ray.is_initialized()   # Ray this process runs already: used, left running
+    joined = not address and _ray_joined()   # Ray this process runs already: used, left running
     if not joined:   # (a joined Ray's config is left as it is)
         _refresh_ray_auth()
     restore_printer = _short_raylet_messages()
     try:
-        if joined:
-            pass
-        elif address:
+        if address:
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                          **({"runtime_env": {"py_modules": py_modules}} if py_modules else {}))
             except Exception as e:  # noqa: BLE001 - shown to the user in one line
                 raise ConfigError(f"--address {address}: cannot connect to the Ray cluster ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0] if str(e) else ''})") from None
-        else:
+        elif not joined:
             try:
                 ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus,
                          logging_level=logging.ERROR)
@@ -319,9 +317,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, mode: s
         with _terminate_as_interrupt():
             yield None if joined else session_dir()
     finally:
-        if not address and not joined:
-            _stop_monitor()
         if not joined:
+            if not address:
+                _stop_monitor()
             ray.shutdown()
         restore_printer()
         tune_log.removeFilter(_not_the_incomplete_trials)
@@ -422,6 +420,12 @@ def remove_session(path: str | None) -> bool:
     if points_here:
         latest.unlink(missing_ok=True)
     return not folder.exists()
+
+
+def _ray_joined() -> bool:
+    """This process has called ``ray.init`` already (found without importing Ray)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def session_dir() -> str | None:
